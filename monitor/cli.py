@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
             "a monitor for live OTLP span streams, and an offline pre-deploy gate."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"assaywatch {assaywatch.__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"assaywatch {assaywatch.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:

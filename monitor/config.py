@@ -1,0 +1,226 @@
+"""The monitor's configuration: one YAML file plus the DESIGN.md flags.
+
+Every option is a dataclass field whose ``metadata["doc"]`` is its documentation; the
+configuration reference in monitor/README.md is generated from these (``iter_options``).
+Precedence: command-line flag > environment variable > config file > default. A bad
+file fails at start with a message naming the file, the key and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OTLP_GRPC = "127.0.0.1:4317"
+DEFAULT_OTLP_HTTP = "127.0.0.1:4318"
+DEFAULT_METRICS = "127.0.0.1:9464"
+
+#: Environment variables read by ``assaywatch monitor`` (flag > env > file > default).
+ENV_VARS = {
+    "ASSAYWATCH_CONFIG": "path of the YAML config file (same as --config)",
+    "ASSAYWATCH_STATE_DIR": "state directory (same as --state-dir)",
+    "ASSAYWATCH_OTLP_GRPC": "OTLP/gRPC listen address HOST:PORT (same as --otlp-grpc)",
+    "ASSAYWATCH_OTLP_HTTP": "OTLP/HTTP listen address HOST:PORT (same as --otlp-http)",
+    "ASSAYWATCH_METRICS": "metrics/status listen address HOST:PORT (same as --metrics)",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, with where it is and what to do."""
+
+
+def _opt(default: Any, doc: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc}, **kw)
+    return field(default=default, metadata={"doc": doc}, **kw)
+
+
+@dataclass
+class ListenConfig:
+    otlp_grpc: str = _opt(DEFAULT_OTLP_GRPC, "OTLP/gRPC receiver address; empty disables it.")
+    otlp_http: str = _opt(DEFAULT_OTLP_HTTP, "OTLP/HTTP receiver address (POST /v1/traces); "
+                          "empty disables it.")
+    metrics: str = _opt(DEFAULT_METRICS, "Prometheus /metrics, /healthz, /readyz and the "
+                        "status page at /.")
+
+
+@dataclass
+class IngestConfig:
+    max_request_bytes: int = _opt(8 * 1024 * 1024, "Largest OTLP request body accepted "
+                                  "(413 / RESOURCE_EXHAUSTED above).")
+    max_decompressed_bytes: int = _opt(64 * 1024 * 1024, "Largest decompressed OTLP/HTTP "
+                                       "body (gzip bombs answer 413).")
+    queue_max_spans: int = _opt(200_000, "Spans waiting for the pipeline; above it receivers "
+                                "answer 429/503 or UNAVAILABLE with a retry hint.")
+
+
+@dataclass
+class AssemblerConfig:
+    grace_seconds: float = _opt(5.0, "A run closes this long after its root ended and no "
+                                "new span of its trace arrived.")
+    max_age_seconds: float = _opt(300.0, "A trace is closed at this age even if its root "
+                                  "never ends.")
+    max_pending_traces: int = _opt(10_000, "Open traces kept; the oldest is evicted above "
+                                   "it (counted as dropped, reason evicted_trace).")
+    max_spans_per_trace: int = _opt(5_000, "Spans kept per trace; more are counted as "
+                                    "dropped (reason trace_too_large).")
+
+
+@dataclass
+class DetectorConfig:
+    learn_runs: int = _opt(200, "Runs a stream without a baseline learns from before its "
+                           "baseline is frozen and the detectors start.")
+    arl0: float = _opt(10_000.0, "Target in-control average run length per stream: runs "
+                       "between false alarms, for the union of the stream's detectors.")
+    arl0_confidence: float = _opt(0.9, "Probability that the true ARL0 meets the target given "
+                                  "that the baseline is an estimate from finite data.")
+    delta: float = _opt(0.1, "Smallest pass-rate drop worth an alarm (SPRT and CUSUM).")
+    alpha: float = _opt(0.01, "SPRT Type I error per decision cycle, and the alpha of the "
+                        "pass-rate and fingerprint verdicts.")
+    beta: float = _opt(0.1, "SPRT Type II error (1 - power at a drop of delta).")
+    sprt_max_runs: int = _opt(1_000, "SPRT truncation: a cycle longer than this ends "
+                              "Inconclusive and restarts.")
+    fingerprint_shift: float = _opt(0.5, "Per-feature shift, in baseline standard deviations, "
+                                    "the fingerprint CUSUM is tuned for.")
+    hotelling_window: int = _opt(200, "Recent runs compared with the baseline by Hotelling "
+                                 "T^2 and the pass-rate verdict.")
+    hotelling_every: int = _opt(25, "Runs between two windowed Hotelling tests.")
+    alarm_hold_runs: int = _opt(200, "An alarm stays active this many runs after it last "
+                                "fired (SPRT: until the next Pass decision).")
+    detectors: list[str] = _opt(["sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling"],
+                                "Detectors run per stream.")
+
+
+@dataclass
+class LimitsConfig:
+    max_streams: int = _opt(1_000, "Streams (agent, version, scenario) tracked; runs of new "
+                            "streams above it are dropped (reason stream_limit).")
+
+
+@dataclass
+class MonitorConfig:
+    listen: ListenConfig = field(default_factory=ListenConfig, metadata={"doc": "Addresses."})
+    ingest: IngestConfig = field(default_factory=IngestConfig, metadata={"doc": "Receivers."})
+    assembler: AssemblerConfig = field(default_factory=AssemblerConfig,
+                                       metadata={"doc": "Run assembly."})
+    detectors: DetectorConfig = field(default_factory=DetectorConfig,
+                                      metadata={"doc": "Statistics."})
+    limits: LimitsConfig = field(default_factory=LimitsConfig, metadata={"doc": "Bounds."})
+    state_dir: str = _opt("", "Directory for the SQLite checkpoint and the alarm event log; "
+                          "empty keeps state in memory only.")
+    baselines: list[str] = _opt([], "Baseline JSON files (from `assaywatch baseline build`) "
+                                "loaded at start.")
+    checkpoint_seconds: float = _opt(10.0, "Seconds between two state checkpoints.")
+    evaluation_threshold: float = _opt(0.5, "An evaluation score at or above this is a pass.")
+    contracts: dict[str, Any] = _opt({}, "Contract rules deciding a run's outcome when no "
+                                     "evaluation is recorded (see Outcome).")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> MonitorConfig:
+        return _build(cls, data, source)  # type: ignore[return-value]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MonitorConfig:
+        import yaml
+
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{p}: the top level must be a mapping of options")
+        return cls.from_mapping(data, str(p))
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> object:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; "
+                          f"valid: {', '.join(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        default = getattr(cls(), name)
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where}: {name} must be a mapping")
+            kwargs[name] = _build(type(default), value, f"{where}: {name}")
+            continue
+        kwargs[name] = _coerce(value, default, f"{where}: {name}")
+    obj = cls(**kwargs)
+    _validate(obj, where)
+    return obj
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int) and not isinstance(value, bool) and isinstance(value, int):
+        return value
+    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(
+            value, bool):
+        return float(value)
+    if isinstance(default, str) and isinstance(value, str):
+        return value
+    if isinstance(default, list) and isinstance(value, list):
+        return list(value)
+    if isinstance(default, dict) and isinstance(value, Mapping):
+        return dict(value)
+    raise ConfigError(f"{where} must be a {type(default).__name__}, got {value!r}")
+
+
+_KNOWN_DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
+
+
+def _validate(obj: object, where: str) -> None:
+    if isinstance(obj, DetectorConfig):
+        bad = [d for d in obj.detectors if d not in _KNOWN_DETECTORS]
+        if bad:
+            raise ConfigError(f"{where}: unknown detector(s) {bad}; valid: "
+                              f"{', '.join(_KNOWN_DETECTORS)}")
+        for name in ("alpha", "beta", "delta", "arl0_confidence"):
+            v = getattr(obj, name)
+            if not 0 < v < 1:
+                raise ConfigError(f"{where}: {name} must lie strictly between 0 and 1, got {v}")
+        if obj.arl0 < 10:
+            raise ConfigError(f"{where}: arl0 must be at least 10 runs, got {obj.arl0}")
+        for name in ("learn_runs", "hotelling_window", "hotelling_every", "sprt_max_runs"):
+            if getattr(obj, name) < 2:
+                raise ConfigError(f"{where}: {name} must be at least 2")
+    if isinstance(obj, ListenConfig):
+        for name in ("otlp_grpc", "otlp_http", "metrics"):
+            v = getattr(obj, name)
+            if v:
+                parse_hostport(v, f"{where}: {name}")
+
+
+def parse_hostport(value: str, where: str = "address") -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) to (host, port); ValueError with a hint."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{where}: expected HOST:PORT (for example 127.0.0.1:4317), "
+                          f"got {value!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def iter_options(cls: type = MonitorConfig, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """Yield (dotted key, default, doc) for every option, for the generated reference."""
+    inst = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(inst, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from iter_options(type(value), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value, f.metadata.get("doc", "")
