@@ -175,6 +175,14 @@ class Engine:
             return []
         return self._monitor(st, run)
 
+    def process_closed(self, runs: Iterable[Run]) -> list[AlarmEvent]:
+        """Account the runs one assembler poll closed, in a deterministic order (end time,
+        then run id), so the live monitor and a replay see the same sequence."""
+        events: list[AlarmEvent] = []
+        for run in sorted(runs, key=close_order):
+            events.extend(self.process(run))
+        return events
+
     def rebaseline(self, key: StreamKey) -> bool:
         """Drop a stream's baseline; it learns a new one from its next runs."""
         st = self._streams.get(key)
@@ -345,6 +353,10 @@ class Engine:
         res = regression_verdict(base.passes, base.passes + base.fails, k_c, n_c,
                                  alpha=cfg.alpha, beta=cfg.beta, delta=cfg.delta)
         st.pass_rate_verdict = res.verdict
+
+
+def close_order(run: Run) -> tuple[int, str]:
+    return (run.end_ns, run.run_id)
 
 
 def recent_pass_rate(st: StreamState, alpha: float = 0.05) -> tuple[float, float, float] | None:

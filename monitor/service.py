@@ -19,7 +19,7 @@ from typing import Any
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.config import MonitorConfig, parse_hostport
-from assaywatch.monitor.engine import AlarmEvent, Engine
+from assaywatch.monitor.engine import AlarmEvent, Engine, close_order
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.outcome import ContractRules
 from assaywatch.monitor.spans import IngestCounters, SpanRecord
@@ -117,7 +117,7 @@ class Pipeline:
             self.counters.add_dropped("pipeline_error", len(batch))
 
     def _process_runs(self, runs: list[Run]) -> None:
-        for run in runs:
+        for run in sorted(runs, key=close_order):
             try:
                 self.engine.process(run)
                 self.runs_processed += 1

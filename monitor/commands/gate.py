@@ -1,0 +1,128 @@
+"""``assaywatch gate``: the pre-deploy gate from recorded spans (exit 0 / 1 / 2 / 3)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "gate", help="decide deploy / block / manual review from recorded spans",
+        description=(
+            "Compare a candidate's runs with a baseline per stream (agent, scenario): "
+            "pass-rate regression verdict (one-sided Fisher, planned power), behaviour shift "
+            "(Hotelling T^2 on projected fingerprints) and coverage, with Holm-Bonferroni "
+            "across streams. Exit 0 deploy, 1 block, 2 manual review, 3 invalid input or "
+            "usage."),
+        epilog="A significant pass-rate regression blocks; a significant behaviour shift "
+               "without one asks for manual review (behaviour_shift: block in the config "
+               "makes it block); too few runs give Inconclusive, i.e. manual review.")
+    p.add_argument("--baseline", required=True, nargs="+", metavar="FILE",
+                   help="baseline JSON from `assaywatch baseline build`, or span files of the "
+                        "known-good version")
+    p.add_argument("--candidate", required=True, nargs="+", metavar="FILE",
+                   help="span files of the candidate version")
+    p.add_argument("--config", metavar="FILE", help="gate config YAML (alpha, beta, delta, "
+                   "theta, c_min, n_max, test, behaviour_shift, contracts, ...)")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
+    p.add_argument("--report", metavar="FILE", help="write the HTML report here")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 3) on the first bad record instead of skipping it")
+    p.add_argument("--quiet", action="store_true", help="print only the decision line")
+    p.set_defaults(func=run)
+
+
+def load_policy(path: str | None) -> Any:
+    from assaywatch.monitor.commands._common import usage_error
+    from assaywatch.monitor.offline.gate import GatePolicy
+
+    if not path:
+        return GatePolicy()
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise usage_error(f"cannot read gate config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise usage_error(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise usage_error(f"{path}: the top level must be a mapping of options")
+    try:
+        return GatePolicy.from_mapping(data, where=path)
+    except (ValueError, TypeError) as exc:
+        raise usage_error(str(exc)) from None
+
+
+def baselines_from_inputs(paths: list[str], strict: bool, policy: Any) -> tuple[list[Any], Any]:
+    from assaywatch.monitor.commands._common import (
+        build_baselines,
+        is_baseline_file,
+        load_runs,
+        read_baselines,
+    )
+
+    files = [p for p in paths if is_baseline_file(p)]
+    spans = [p for p in paths if p not in files]
+    baselines = read_baselines(files)
+    stats = None
+    if spans:
+        runs, stats = load_runs(spans, strict=strict, policy=policy)
+        baselines.extend(build_baselines(runs, source=", ".join(spans)))
+    return baselines, stats
+
+
+def run(args: argparse.Namespace) -> int:
+    from assaywatch.monitor.commands._common import check_files, load_runs, usage_error
+    from assaywatch.monitor.offline.gate import decide
+
+    check_files(args.baseline, "baseline file")
+    check_files(args.candidate, "candidate file")
+    policy = load_policy(args.config)
+    baselines, bstats = baselines_from_inputs(args.baseline, args.strict, policy)
+    if not baselines:
+        raise usage_error(f"no baseline streams in {', '.join(args.baseline)}")
+    runs, stats = load_runs(args.candidate, strict=args.strict, policy=policy)
+    inputs = {"baseline_files": args.baseline, "candidate_files": args.candidate,
+              "candidate": stats.to_dict()}
+    if bstats is not None:
+        inputs["baseline"] = bstats.to_dict()
+    report = decide(baselines, runs, policy, inputs=inputs)
+    write_outputs(report, args)
+    if not args.quiet:
+        for s in report.streams:
+            for t in s.tests:
+                print(f"{s.name:40s} {t.name:12s} {t.verdict:13s} {t.message}")
+        if stats.issues:
+            print(f"skipped {stats.issues} bad records; first: {stats.issue_samples[0]}",
+                  file=sys.stderr)
+    print(f"gate: {report.decision.upper()} (exit {report.exit_code}): {report.reason}")
+    return int(report.exit_code)
+
+
+def write_outputs(report: Any, args: argparse.Namespace) -> None:
+    from assaywatch.monitor.commands._common import usage_error
+
+    try:
+        if args.junit:
+            from assaywatch.monitor.offline.junit import write_junit
+
+            write_junit(report, args.junit)
+        if args.report:
+            from assaywatch.monitor.offline.html_report import write_html
+
+            write_html(report, args.report)
+        if args.markdown:
+            from assaywatch.monitor.offline.markdown import markdown_summary
+
+            with open(args.markdown, "a" if os.path.exists(args.markdown) else "w",
+                      encoding="utf-8") as fh:
+                fh.write(markdown_summary(report) + "\n")
+    except OSError as exc:
+        raise usage_error(f"cannot write {exc.filename}: {exc.strerror}") from None

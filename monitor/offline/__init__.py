@@ -1,0 +1,1 @@
+"""Offline replay of span exports: baselines, the pre-deploy gate, backtests, mutants."""

@@ -1,0 +1,248 @@
+"""The pre-deploy gate (SPEC.md 3.4, 3.8, 6.2; Theorem 7.1): baselines vs candidate runs.
+
+Per stream (agent, scenario; the candidate's version is compared with the baseline's):
+
+``pass_rate``
+    One-sided regression verdict (Fisher by default) of the candidate's pass rate against
+    the baseline's, with Holm-Bonferroni over the streams' p-values; Pass needs the design
+    to have had power >= 1 - beta at the planned delta.
+``fingerprint``
+    Hotelling T^2 of the candidate's fingerprints against the baseline's mean and
+    covariance on the projected (effective) dimensions, Holm over the streams; reports
+    which features moved and by how many baseline standard deviations.
+``coverage``
+    The candidate's coverage against ``c_min``.
+
+Decision (SPEC 6.2 with our default policy): a significant pass-rate regression blocks; a
+significant behaviour shift without a pass-rate regression asks for manual review
+(``behaviour_shift: block`` makes it block); an Inconclusive test, a missing baseline or
+short coverage asks for manual review; otherwise deploy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from assaywatch.analyzers.baseline import Baseline
+from assaywatch.analyzers.coverage import coverage
+from assaywatch.analyzers.fingerprint import fingerprint_matrix
+from assaywatch.analyzers.hotelling import hotelling_two_sample
+from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
+from assaywatch.analyzers.suite import holm
+from assaywatch.analyzers.verdicts import regression_verdict, wilson_interval
+from assaywatch.monitor.offline.report import GateReport, StreamResult, TestResult
+
+DEPLOY, BLOCK, MANUAL = "deploy", "block", "manual"
+EXIT_CODES = {DEPLOY: 0, BLOCK: 1, MANUAL: 2}
+COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
+
+
+def _f(default: Any, doc: str) -> Any:
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class GatePolicy:
+    """The gate configuration: SPEC.md's Gamma plus the decision policy (``--config``)."""
+
+    alpha: float = _f(0.05, "Significance level of each test, family-wise over streams "
+                      "(Holm-Bonferroni).")
+    beta: float = _f(0.1, "1 - required power at a pass-rate drop of delta; a design with "
+                     "less power cannot Pass (Inconclusive).")
+    delta: float = _f(0.1, "Smallest pass-rate drop that counts as a regression.")
+    theta: float = _f(0.85, "Pass-rate threshold of the single-version verdict (live gate).")
+    c_min: float = _f(0.0, "Minimum overall coverage of the candidate to deploy.")
+    n_max: int = _f(500, "Largest number of candidate runs the live gate spends per stream.")
+    t_max_seconds: float = _f(0.0, "Wall-time cap of the live gate (0: none).")
+    test: str = _f("fisher", "Pass-rate test: fisher (exact) or z (two-proportion).")
+    behaviour_shift: str = _f("manual", "What a significant fingerprint shift without a "
+                              "pass-rate regression does: manual or block.")
+    fingerprint_alpha: float = _f(0.05, "Significance level of the Hotelling T^2 test.")
+    evaluation_threshold: float = _f(0.5, "An evaluation score at or above this is a pass.")
+    contracts: dict[str, Any] = _f({}, "Contract rules deciding outcomes of runs that carry "
+                                   "no evaluation (max_steps, required_tools, ...).")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "gate config") -> GatePolicy:
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(names)}")
+        pol = cls(**{k: (float(v) if isinstance(getattr(cls(), k), float)
+                         and isinstance(v, int) and not isinstance(v, bool) else v)
+                     for k, v in data.items()})
+        pol.validate(where)
+        return pol
+
+    def validate(self, where: str = "gate config") -> None:
+        for name in ("alpha", "beta", "delta", "fingerprint_alpha"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0 < v < 1:
+                raise ValueError(f"{where}: {name} must lie strictly between 0 and 1, got {v!r}")
+        if not 0 <= self.c_min <= 1:
+            raise ValueError(f"{where}: c_min must lie in [0, 1], got {self.c_min!r}")
+        if self.test not in ("fisher", "z"):
+            raise ValueError(f"{where}: test must be fisher or z, got {self.test!r}")
+        if self.behaviour_shift not in ("manual", "block"):
+            raise ValueError(f"{where}: behaviour_shift must be manual or block, "
+                             f"got {self.behaviour_shift!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def match_baseline(key: StreamKey, baselines: Mapping[StreamKey, Baseline]) -> Baseline | None:
+    """The baseline of the same stream, else of the same agent and scenario (any version)."""
+    if key in baselines:
+        return baselines[key]
+    same = [b for k, b in baselines.items() if k.agent == key.agent and k.scenario == key.scenario]
+    if len(same) == 1:
+        return same[0]
+    if same:  # several versions: the most recent one
+        return max(same, key=lambda b: b.last_start_ns or 0)
+    return None
+
+
+def _rate(k: int, n: int) -> tuple[float, float, float, int]:
+    lo, hi = wilson_interval(k, n, 0.05) if n else (0.0, 1.0)
+    return (k / n if n else float("nan"), lo, hi, n)
+
+
+def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
+           policy: GatePolicy, inputs: dict[str, Any] | None = None) -> GateReport:
+    by_key = {b.key: b for b in baselines}
+    groups: dict[StreamKey, list[Run]] = defaultdict(list)
+    for run in candidate_runs:
+        groups[run.key].append(run)
+    streams: list[StreamResult] = []
+    pr_raw: list[tuple[int, Any]] = []
+    fp_raw: list[tuple[int, Any]] = []
+    matched: set[StreamKey] = set()
+    for key in sorted(groups):
+        runs = groups[key]
+        base = match_baseline(key, by_key)
+        sr = StreamResult(agent=key.agent, version=key.version, scenario=key.scenario,
+                          baseline_version=base.key.version if base else "")
+        streams.append(sr)
+        if base is None:
+            sr.tests.append(TestResult("baseline", Verdict.INCONCLUSIVE.value, {},
+                                       "no baseline for this agent and scenario"))
+            continue
+        matched.add(base.key)
+        k_c = sum(r.outcome is Outcome.PASS for r in runs)
+        n_c = sum(r.outcome is not Outcome.UNKNOWN for r in runs)
+        n_b = base.passes + base.fails
+        sr.pass_rates = {"baseline": _rate(base.passes, n_b), "candidate": _rate(k_c, n_c)}
+        if n_b and n_c:
+            res = regression_verdict(base.passes, n_b, k_c, n_c, alpha=policy.alpha,
+                                     beta=policy.beta, delta=policy.delta, test=policy.test)
+            pr_raw.append((len(streams) - 1, res))
+        else:
+            sr.tests.append(TestResult("pass_rate", Verdict.INCONCLUSIVE.value,
+                                       {"n_baseline": n_b, "n_candidate": n_c},
+                                       "no decided outcomes to compare"))
+        X = fingerprint_matrix(runs, base.tools)
+        if len(runs) >= 2 and base.n_runs >= 2:
+            h = hotelling_two_sample(base.mean, base.cov, base.n_runs, X,
+                                     alpha=policy.fingerprint_alpha)
+            fp_raw.append((len(streams) - 1, h))
+            sr.feature_shifts = [(n, float(v)) for n, v in h.feature_shifts]
+        cov = coverage(runs, base.tools)
+        sr.coverage = {d: float(getattr(cov, d)) for d in COVERAGE_DIMENSIONS}
+        ok = sr.coverage["overall"] >= policy.c_min
+        sr.tests.append(TestResult(
+            "coverage", Verdict.PASS.value if ok else Verdict.FAIL.value,
+            {**{f"coverage_{d}": v for d, v in sr.coverage.items()}, "c_min": policy.c_min},
+            f"overall coverage {sr.coverage['overall']:.3f} "
+            f"{'>=' if ok else '<'} c_min {policy.c_min}"))
+    _pass_rate_tests(streams, pr_raw, policy)
+    _fingerprint_tests(streams, fp_raw, policy)
+    for b in baselines:
+        if b.key not in matched and not any(
+                s.agent == b.key.agent and s.scenario == b.key.scenario for s in streams):
+            sr = StreamResult(agent=b.key.agent, version="", scenario=b.key.scenario,
+                              baseline_version=b.key.version)
+            sr.tests.append(TestResult("pass_rate", Verdict.INCONCLUSIVE.value, {},
+                                       "the candidate has no runs for this baseline stream"))
+            streams.append(sr)
+    decision, reason = _decision(streams, policy)
+    return GateReport(decision=decision, exit_code=EXIT_CODES[decision], reason=reason,
+                      config=policy.to_dict(), streams=streams, inputs=inputs or {})
+
+
+def _pass_rate_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
+                     policy: GatePolicy) -> None:
+    adjusted = holm([r.p_value for _, r in raw]) if raw else []
+    for (i, r), p_adj in zip(raw, adjusted, strict=True):
+        diff = r.p_b - r.p_c
+        if p_adj < policy.alpha and diff >= policy.delta:
+            verdict, msg = Verdict.FAIL, (f"pass rate fell from {r.p_b:.3f} to {r.p_c:.3f} "
+                                          f"(Holm-adjusted p = {p_adj:.2g} < {policy.alpha})")
+        elif p_adj >= policy.alpha and r.power >= 1 - policy.beta:
+            verdict, msg = Verdict.PASS, (f"no regression: p = {p_adj:.2g}, power "
+                                          f"{r.power:.2f} to see a drop of {policy.delta}")
+        elif p_adj < policy.alpha:
+            verdict, msg = Verdict.INCONCLUSIVE, (
+                f"significant drop {diff:.3f} smaller than delta {policy.delta}")
+        else:
+            verdict, msg = Verdict.INCONCLUSIVE, (
+                f"not enough runs: power {r.power:.2f} < {1 - policy.beta:.2f} to see a drop of "
+                f"{policy.delta}; about {r.n_required} candidate runs are needed")
+        e = r.effects
+        stats = {"p_value": r.p_value, "p_value_holm": p_adj, "power": r.power,
+                 "p_baseline": r.p_b, "p_candidate": r.p_c, "difference": e.difference,
+                 "cohens_h": e.cohens_h, "odds_ratio": e.odds_ratio, "effect": e.label,
+                 "n_required": r.n_required, "test": r.test}
+        streams[i].tests.insert(0, TestResult("pass_rate", verdict.value, stats, msg))
+
+
+def _fingerprint_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
+                       policy: GatePolicy) -> None:
+    adjusted = holm([float(h.p_value) for _, h in raw]) if raw else []
+    for (i, h), p_adj in zip(raw, adjusted, strict=True):
+        moved = ", ".join(f"{n} {v:+.2f} sd" for n, v in list(h.feature_shifts)[:3])
+        if p_adj < policy.fingerprint_alpha:
+            verdict, msg = Verdict.FAIL, (f"behaviour shifted (Hotelling p = {p_adj:.2g}); "
+                                          f"moved most: {moved}")
+        else:
+            verdict, msg = Verdict.PASS, f"no behaviour shift detected (p = {p_adj:.2g})"
+        stats = {"t2": float(h.t2), "f": float(h.f), "df1": int(h.df1), "df2": float(h.df2),
+                 "p_value": float(h.p_value), "p_value_holm": p_adj, "d_eff": int(h.d_eff),
+                 "mahalanobis": float(h.mahalanobis)}
+        for rank, (name, v) in enumerate(list(h.feature_shifts)[:5], 1):
+            stats[f"moved_{rank}"] = f"{name} {float(v):+.3f}"
+        pos = 1 if streams[i].tests and streams[i].tests[0].name == "pass_rate" else 0
+        streams[i].tests.insert(pos, TestResult("fingerprint", verdict.value, stats, msg))
+
+
+def _decision(streams: list[StreamResult], policy: GatePolicy) -> tuple[str, str]:
+    def find(name: str, verdict: str) -> list[str]:
+        return [s.name for s in streams for t in s.tests if t.name == name and t.verdict == verdict]
+
+    if not streams:
+        return MANUAL, "no candidate runs and no baseline streams to compare"
+    regressed = find("pass_rate", "fail")
+    if regressed:
+        return BLOCK, f"pass-rate regression in {', '.join(regressed)}"
+    shifted = find("fingerprint", "fail")
+    if shifted and policy.behaviour_shift == "block":
+        return BLOCK, f"behaviour shift in {', '.join(shifted)} (policy: block)"
+    reasons = []
+    if shifted:
+        reasons.append(f"behaviour shift without a pass-rate regression in {', '.join(shifted)}")
+    short = find("coverage", "fail")
+    if short:
+        reasons.append(f"coverage below c_min in {', '.join(short)}")
+    unsure = sorted({s.name for s in streams for t in s.tests if t.verdict == "inconclusive"})
+    if unsure:
+        reasons.append(f"inconclusive in {', '.join(unsure)}")
+    if reasons:
+        return MANUAL, "; ".join(reasons)
+    return DEPLOY, "every stream passed: no regression, no behaviour shift, coverage met"

@@ -1,0 +1,35 @@
+"""The monitor's engine over recorded spans: the live pipeline with a file receiver."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from assaywatch.analyzers.baseline import Baseline
+from assaywatch.monitor.config import MonitorConfig
+from assaywatch.monitor.engine import AlarmEvent, Engine, StreamState
+from assaywatch.monitor.offline.load import LoadStats, iter_runs
+from assaywatch.monitor.pipeline.outcome import ContractRules
+
+
+@dataclass
+class ReplayResult:
+    alarms: list[AlarmEvent] = field(default_factory=list)
+    streams: list[StreamState] = field(default_factory=list)
+    stats: LoadStats = field(default_factory=LoadStats)
+
+
+def replay(paths: Sequence[str], config: MonitorConfig | None = None,
+           baselines: Sequence[Baseline] = (), strict: bool = False) -> ReplayResult:
+    cfg = config or MonitorConfig()
+    result = ReplayResult()
+    engine = Engine(cfg.detectors, baselines, on_alarm=result.alarms.append,
+                    max_streams=cfg.limits.max_streams)
+    rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None
+    for run in iter_runs(paths, strict=strict, rules=rules,
+                         score_threshold=cfg.evaluation_threshold,
+                         grace_s=cfg.assembler.grace_seconds,
+                         max_age_s=cfg.assembler.max_age_seconds, stats=result.stats):
+        engine.process(run)
+    result.streams = engine.streams()
+    return result
