@@ -62,7 +62,10 @@ class AlarmEvent:
 
     key: StreamKey
     detector: str
+    #: runs since the stream's baseline froze (1-based)
     run_index: int
+    #: runs of the stream since it was first seen, baseline runs included (1-based)
+    stream_run: int
     run_id: str
     first_run_id: str
     baseline_id: str
@@ -74,6 +77,7 @@ class AlarmEvent:
             **self.key.as_labels(),
             "detector": self.detector,
             "run_index": self.run_index,
+            "stream_run": self.stream_run,
             "run_id": self.run_id,
             "first_run_id": self.first_run_id,
             "baseline_id": self.baseline_id,
@@ -310,6 +314,7 @@ class Engine:
             if onset:
                 events.append(AlarmEvent(
                     key=st.key, detector=name, run_index=st.monitored_runs,
+                    stream_run=st.n_runs,
                     run_id=run.run_id, first_run_id=st.first_run_id,
                     baseline_id=base.baseline_id,
                     evidence={**_jsonable(evidence), "baseline_runs": base.n_runs,

@@ -1,0 +1,216 @@
+"""OTLP/HTTP body handling: bounded reading, streaming inflation, response encoding.
+
+Inflation is incremental with a bounded output step (``zlib`` ``max_length``), so a
+compression bomb (1 GiB of zeros is ~1 MB of gzip) is stopped once the inflated size
+passes the cap: memory never holds more than ``max_decompressed_bytes`` plus one step.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+PROTOBUF = "application/x-protobuf"
+#: Largest inflation step: bounds how far past the cap the buffer can grow.
+_STEP = 1024 * 1024
+_GRPC_CODE = {
+    400: code_pb2.INVALID_ARGUMENT,
+    404: code_pb2.NOT_FOUND,
+    405: code_pb2.UNIMPLEMENTED,
+    411: code_pb2.INVALID_ARGUMENT,
+    413: code_pb2.RESOURCE_EXHAUSTED,
+    415: code_pb2.INVALID_ARGUMENT,
+    500: code_pb2.INTERNAL,
+    503: code_pb2.UNAVAILABLE,
+}
+
+
+class ByteStream(Protocol):
+    """What the body is read from: a socket file, ``io.BytesIO``, a WSGI input, ..."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+@dataclass(slots=True)
+class HttpAnswer:
+    """What to send back: status, content type, body, extra headers."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    #: Close the connection after answering (the request body was not fully read).
+    close: bool = False
+
+
+class BodyError(Exception):
+    """The body cannot be read or inflated; carries the HTTP answer to give."""
+
+    def __init__(self, status: int, reason: str, message: str, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.close = close
+
+
+def _read_exact(stream: ByteStream, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) != n:
+        raise BodyError(
+            400, "truncated_body", f"body ended after {len(data)} of {n} bytes", close=True
+        )
+    return data
+
+
+def _read_chunked(stream: ByteStream, cap: int) -> bytes:
+    out = bytearray()
+    while True:
+        line = stream.readline(1026)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BodyError(400, "malformed_chunked", "invalid chunk size line", True) from None
+        if size == 0:
+            while stream.readline(1026) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return bytes(out)
+        if len(out) + size > cap:
+            raise BodyError(413, "body_too_large", f"chunked body exceeds {cap} bytes", True)
+        out += _read_exact(stream, size)
+        _read_exact(stream, 2)  # CRLF after the chunk
+
+
+def _inflate(data: bytes, wbits: int, cap: int, what: str) -> bytes:
+    out = bytearray()
+    d = zlib.decompressobj(wbits)
+    buf = data
+    try:
+        while True:
+            chunk = d.decompress(buf, min(_STEP, cap + 1 - len(out)))
+            out += chunk
+            if len(out) > cap:
+                raise BodyError(
+                    413,
+                    "decompressed_too_large",
+                    f"{what} body inflates to more than {cap} bytes; send smaller batches",
+                )
+            if d.eof:
+                rest = d.unused_data
+                if rest[:2] == b"\x1f\x8b" and wbits > 16:  # another gzip member
+                    d, buf = zlib.decompressobj(wbits), rest
+                    continue
+                if rest.strip(b"\x00"):
+                    raise BodyError(400, f"malformed_{what}", f"trailing data after {what} stream")
+                return bytes(out)
+            buf = d.unconsumed_tail
+            if not buf and not chunk:
+                raise BodyError(400, f"malformed_{what}", f"{what} stream is truncated")
+    except zlib.error as exc:
+        raise BodyError(400, f"malformed_{what}", f"invalid {what} data: {exc}") from None
+
+
+def inflate(data: bytes, encoding: str, cap: int) -> bytes:
+    """Undo ``Content-Encoding`` with an inflated-size cap (413 past it)."""
+    if encoding in ("", "identity"):
+        if len(data) > cap:
+            raise BodyError(413, "body_too_large", f"body exceeds {cap} bytes")
+        return data
+    if encoding in ("gzip", "x-gzip"):
+        return _inflate(data, 16 + zlib.MAX_WBITS, cap, "gzip")
+    if encoding == "deflate":
+        # RFC 9110 "deflate" is zlib-wrapped; some clients send raw deflate: sniff it.
+        wrapped = len(data) >= 2 and data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0
+        return _inflate(data, zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS, cap, "deflate")
+    raise BodyError(
+        415, "unsupported_encoding", f"unsupported Content-Encoding {encoding!r}; use gzip"
+    )
+
+
+def read_body(
+    stream: ByteStream,
+    headers: Mapping[str, str],
+    max_body_bytes: int,
+    max_decompressed_bytes: int,
+) -> bytes:
+    """Read (Content-Length or chunked) and inflate a request body within the caps."""
+    encoding = headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        raise BodyError(
+            415,
+            "unsupported_encoding",
+            f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or identity",
+            close=True,
+        )
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raw = _read_chunked(stream, max_body_bytes)
+    else:
+        length_text = headers.get("content-length", "0").strip() or "0"
+        try:
+            length = int(length_text)
+        except ValueError:
+            raise BodyError(
+                400, "bad_content_length", f"invalid Content-Length {length_text!r}", True
+            ) from None
+        if length < 0:
+            raise BodyError(400, "bad_content_length", f"negative Content-Length {length}", True)
+        if length > max_body_bytes:
+            raise BodyError(
+                413,
+                "body_too_large",
+                f"body of {length} bytes exceeds the {max_body_bytes}-byte limit; "
+                "send smaller batches (BatchSpanProcessor max_export_batch_size)",
+                close=True,
+            )
+        raw = _read_exact(stream, length)
+    return inflate(raw, encoding, max_decompressed_bytes)
+
+
+def status_body(
+    content_type: str, http_status: int, message: str, reason: str, retry_s: int = 1
+) -> bytes:
+    """A ``google.rpc.Status`` body (BadRequest details for 400, RetryInfo for 503)."""
+    code = _GRPC_CODE.get(http_status, code_pb2.UNKNOWN)
+    if content_type == PROTOBUF:
+        st = status_pb2.Status(code=code, message=message)
+        if http_status == 400:
+            detail = error_details_pb2.BadRequest()
+            detail.field_violations.add(field="body", description=f"{reason}: {message}")
+            st.details.add().Pack(detail)
+        elif http_status == 503:
+            st.details.add().Pack(
+                error_details_pb2.RetryInfo(retry_delay=Duration(seconds=retry_s))
+            )
+        return st.SerializeToString()
+    doc: dict[str, object] = {"code": code, "message": message}
+    if http_status == 400:
+        doc["details"] = [
+            {
+                "@type": "type.googleapis.com/google.rpc.BadRequest",
+                "fieldViolations": [{"field": "body", "description": f"{reason}: {message}"}],
+            }
+        ]
+    return json.dumps(doc).encode()
+
+
+def response_body(content_type: str, rejected: int, message: str) -> bytes:
+    """``ExportTraceServiceResponse``; ``partial_success`` only when something was refused."""
+    if content_type == PROTOBUF:
+        resp = ExportTraceServiceResponse()
+        if rejected or message:
+            resp.partial_success.rejected_spans = rejected
+            resp.partial_success.error_message = message
+        return resp.SerializeToString()
+    if not (rejected or message):
+        return b"{}"
+    partial = {"rejectedSpans": str(rejected), "errorMessage": message}
+    return json.dumps({"partialSuccess": partial}).encode()

@@ -1,0 +1,216 @@
+"""OTLP/gRPC receiver driven by the real OTel SDK exporter and raw grpc calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from assaywatch.monitor.otlp.grpc_receiver import GrpcReceiver
+from assaywatch.monitor.spans import IngestCounters, SpanRecord
+
+METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+R = "otlp_grpc"
+
+
+class Sink:
+    """Records offered batches; refuses the first ``refuse`` offers (pipeline full)."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.lock = threading.Lock()
+        self.refuse = refuse
+        self.offers = 0
+        self.spans: list[SpanRecord] = []
+
+    def offer(self, spans: list[SpanRecord], receiver: str) -> bool:
+        assert receiver == R
+        with self.lock:
+            self.offers += 1
+            if self.refuse > 0:
+                self.refuse -= 1
+                return False
+            self.spans.extend(spans)
+            return True
+
+
+def sdk_spans(n_runs: int = 2) -> list[Any]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent-svc"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("assaywatch.test")
+    for i in range(n_runs):
+        with tracer.start_as_current_span("invoke_agent planner", attributes={"run": i}):
+            with tracer.start_as_current_span(
+                "chat m", kind=SpanKind.CLIENT, attributes={"gen_ai.usage.input_tokens": 7}
+            ) as chat:
+                chat.add_event("gen_ai.choice", {"index": 0})
+            with tracer.start_as_current_span("execute_tool t") as tool:
+                tool.set_status(Status(StatusCode.ERROR, "failed"))
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+def assert_received_exactly(records: list[SpanRecord], spans: list[Any]) -> None:
+    by_id = {r.span_id: r for r in records}
+    assert len(records) == len(by_id) == len(spans)
+    for s in spans:
+        r = by_id[format(s.context.span_id, "016x")]
+        assert r.trace_id == format(s.context.trace_id, "032x")
+        assert r.parent_span_id == (format(s.parent.span_id, "016x") if s.parent else "")
+        assert (r.name, r.kind, r.start_ns, r.end_ns) == (
+            s.name, s.kind.value + 1, s.start_time, s.end_time
+        )  # fmt: skip
+        assert (r.status_code, r.status_message) == (
+            s.status.status_code.value, s.status.description or ""
+        )  # fmt: skip
+        assert r.attributes == dict(s.attributes)
+        assert [(e.name, e.time_ns, e.attributes) for e in r.events] == [
+            (e.name, e.timestamp, dict(e.attributes)) for e in s.events
+        ]
+        assert r.resource == dict(s.resource.attributes)
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[GrpcReceiver, Sink, IngestCounters, int]]:
+    sink, counters = Sink(), IngestCounters()
+    rec = GrpcReceiver(sink, counters, port=0, max_message_bytes=1 << 20, retry_delay_s=0.1)
+    port = rec.start()
+    yield rec, sink, counters, port
+    rec.stop(0)
+
+
+def raw_call(port: int, data: bytes, **kw: Any) -> Any:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        return ch.unary_unary(METHOD)(data, timeout=5, **kw)
+
+
+def assert_still_serving(port: int, sink: Sink) -> None:
+    before = len(sink.spans)
+    spans = sdk_spans(1)
+    resp = ExportTraceServiceResponse.FromString(raw_call(port, _bytes(spans)))
+    assert not resp.HasField("partial_success")
+    assert len(sink.spans) == before + len(spans)
+
+
+def _bytes(spans: list[Any]) -> bytes:
+    return encode_spans(spans).SerializeToString()
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.NoCompression, grpc.Compression.Gzip])
+def test_real_exporter_delivers_exact_spans(server: Any, compression: grpc.Compression) -> None:
+    _, sink, counters, port = server
+    spans = sdk_spans(3)
+    exporter = OTLPSpanExporter(
+        endpoint=f"127.0.0.1:{port}", insecure=True, compression=compression, timeout=5
+    )
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert_received_exactly(sink.spans, spans)
+    assert counters.received[R] == len(spans)
+
+
+def test_truncated_protobuf_gets_invalid_argument_and_is_counted(server: Any) -> None:
+    _, sink, counters, port = server
+    data = _bytes(sdk_spans(1))
+    with pytest.raises(grpc.RpcError) as info:
+        raw_call(port, data[: len(data) // 2])
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid ExportTraceServiceRequest" in info.value.details()
+    assert counters.rejected[(R, "malformed_protobuf")] == 1
+    assert sink.spans == []
+    assert_still_serving(port, sink)
+
+
+def test_oversized_and_gzip_bomb_get_resource_exhausted(server: Any) -> None:
+    _, sink, _, port = server
+    with pytest.raises(grpc.RpcError) as info:
+        raw_call(port, b"\x00" * (2 << 20))
+    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    # 64 MiB of zeros compresses to ~64 KiB: under the wire cap, over it once inflated.
+    with pytest.raises(grpc.RpcError) as info:
+        raw_call(port, b"\x00" * (64 << 20), compression=grpc.Compression.Gzip)
+    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert_still_serving(port, sink)
+
+
+def test_missing_ids_give_partial_success(server: Any) -> None:
+    _, sink, counters, port = server
+    spans = sdk_spans(1)
+    req = encode_spans(spans)
+    bad = req.resource_spans[0].scope_spans[0].spans
+    bad[0].trace_id = b""
+    bad[1].span_id = b"\x00" * 8
+    resp = ExportTraceServiceResponse.FromString(raw_call(port, req.SerializeToString()))
+    assert resp.partial_success.rejected_spans == 2
+    assert "missing_trace_id=1" in resp.partial_success.error_message
+    assert len(sink.spans) == len(spans) - 2
+    assert counters.rejected[(R, "missing_trace_id")] == 1
+    assert counters.rejected[(R, "invalid_span_id")] == 1
+    assert counters.received[R] == len(spans) - 2
+
+
+def test_big_attribute_is_truncated_when_message_fits_the_cap() -> None:
+    sink, counters = Sink(), IngestCounters()
+    with GrpcReceiver(sink, counters, port=0, max_message_bytes=16 << 20) as rec:
+        assert rec.bound_port
+        spans = sdk_spans(1)
+        req = encode_spans(spans)
+        req.resource_spans[0].scope_spans[0].spans[0].attributes.add(
+            key="big"
+        ).value.string_value = "x" * (10 << 20)
+        raw_call(rec.bound_port, req.SerializeToString())
+    (big,) = [s for s in sink.spans if "big" in s.attributes]
+    assert big.attributes["big"] == "x" * (64 * 1024)
+    assert counters.dropped["attribute_value_truncated"] == 1
+
+
+def test_overload_sends_unavailable_with_retry_info(server: Any) -> None:
+    rec, sink, counters, port = server
+    sink.refuse = 1
+    with pytest.raises(grpc.RpcError) as info:
+        raw_call(port, _bytes(sdk_spans(1)))
+    err = info.value
+    assert err.code() is grpc.StatusCode.UNAVAILABLE
+    trailers = dict(err.trailing_metadata())
+    retry = error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"])
+    assert retry.retry_delay.ToTimedelta().total_seconds() == pytest.approx(rec.retry_delay_s)
+    status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+    assert status.code == code_pb2.UNAVAILABLE and status.details[0].Is(retry.DESCRIPTOR)
+    assert counters.rejected[(R, "pipeline_full")] == 3
+
+
+def test_real_exporter_retries_after_unavailable_and_succeeds(server: Any) -> None:
+    rec, sink, counters, port = server
+    sink.refuse = 2
+    spans = sdk_spans(1)
+    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True, timeout=10)
+    t0 = time.monotonic()
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    elapsed = time.monotonic() - t0
+    exporter.shutdown()
+    assert sink.offers == 3  # two refusals, then the accepted retry
+    assert_received_exactly(sink.spans, spans)
+    # The exporter waited the advertised RetryInfo delay (0.1 s) twice, not its own
+    # exponential backoff (1 s, 2 s): so between 0.2 s and well under 1 s.
+    assert 2 * rec.retry_delay_s <= elapsed < 1.0
+    assert counters.rejected[(R, "pipeline_full")] == 2 * len(spans)
+
+
+def test_invalid_constructor_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="port"):
+        GrpcReceiver(Sink(), IngestCounters(), port=70000)
+    with pytest.raises(ValueError, match="max_workers"):
+        GrpcReceiver(Sink(), IngestCounters(), max_workers=0)

@@ -1,0 +1,318 @@
+"""OTLP/HTTP receiver: real SDK exporter, JSON bodies, and every hostile input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import struct
+import threading
+import time
+import tracemalloc
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from assaywatch.monitor.otlp.http_receiver import HttpReceiver
+from assaywatch.monitor.readers import request_to_json
+from assaywatch.monitor.spans import IngestCounters, SpanRecord
+
+R = "otlp_http"
+PB = {"Content-Type": "application/x-protobuf"}
+JS = {"Content-Type": "application/json"}
+
+
+class Sink:
+    """Records offered batches; refuses the first ``refuse`` offers (pipeline full)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.refuse = 0
+        self.offers = 0
+        self.spans: list[SpanRecord] = []
+
+    def offer(self, spans: list[SpanRecord], receiver: str) -> bool:
+        assert receiver == R
+        with self.lock:
+            self.offers += 1
+            if self.refuse > 0:
+                self.refuse -= 1
+                return False
+            self.spans.extend(spans)
+            return True
+
+
+def sdk_spans(n_runs: int = 2) -> list[Any]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent-svc"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("assaywatch.test")
+    for i in range(n_runs):
+        with tracer.start_as_current_span("invoke_agent planner", attributes={"run": i}):
+            with tracer.start_as_current_span(
+                "chat m", kind=SpanKind.CLIENT, attributes={"gen_ai.request.model": "m"}
+            ) as chat:
+                chat.add_event("gen_ai.choice", {"index": 0})
+            with tracer.start_as_current_span("execute_tool t") as tool:
+                tool.set_status(Status(StatusCode.ERROR, "failed"))
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+def assert_received_exactly(records: list[SpanRecord], spans: list[Any]) -> None:
+    by_id = {r.span_id: r for r in records}
+    assert len(records) == len(by_id) == len(spans)
+    for s in spans:
+        r = by_id[format(s.context.span_id, "016x")]
+        assert r.trace_id == format(s.context.trace_id, "032x")
+        assert r.parent_span_id == (format(s.parent.span_id, "016x") if s.parent else "")
+        assert (r.name, r.kind, r.start_ns, r.end_ns) == (
+            s.name, s.kind.value + 1, s.start_time, s.end_time
+        )  # fmt: skip
+        assert (r.status_code, r.status_message) == (
+            s.status.status_code.value, s.status.description or ""
+        )  # fmt: skip
+        assert r.attributes == dict(s.attributes)
+        assert [(e.name, e.time_ns, e.attributes) for e in r.events] == [
+            (e.name, e.timestamp, dict(e.attributes)) for e in s.events
+        ]
+        assert r.resource == dict(s.resource.attributes)
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[HttpReceiver, Sink, IngestCounters, str]]:
+    sink, counters = Sink(), IngestCounters()
+    rec = HttpReceiver(sink, counters, port=0, retry_after_s=0)
+    port = rec.start()
+    yield rec, sink, counters, f"http://127.0.0.1:{port}/v1/traces"
+    rec.stop()
+
+
+def proto_body(spans: list[Any]) -> bytes:
+    return encode_spans(spans).SerializeToString()
+
+
+def assert_still_serving(url: str, sink: Sink) -> None:
+    before = len(sink.spans)
+    spans = sdk_spans(1)
+    resp = requests.post(url, data=proto_body(spans), headers=PB, timeout=5)
+    assert resp.status_code == 200 and resp.headers["Content-Type"] == PB["Content-Type"]
+    assert len(sink.spans) == before + len(spans)
+
+
+def rpc_status(resp: requests.Response) -> status_pb2.Status:
+    return status_pb2.Status.FromString(resp.content)
+
+
+@pytest.mark.parametrize(
+    "compression", [Compression.NoCompression, Compression.Gzip, Compression.Deflate]
+)
+def test_real_exporter_delivers_exact_spans(server: Any, compression: Compression) -> None:
+    _, sink, counters, url = server
+    spans = sdk_spans(3)
+    exporter = OTLPSpanExporter(endpoint=url, compression=compression, timeout=5)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert_received_exactly(sink.spans, spans)
+    assert counters.received[R] == len(spans)
+
+
+def test_json_body_gets_json_answer_with_partial_success(server: Any) -> None:
+    _, sink, counters, url = server
+    spans = sdk_spans(1)
+    doc = request_to_json(encode_spans(spans))
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "00" * 16
+    resp = requests.post(url, data=json.dumps(doc), headers=JS, timeout=5)
+    assert resp.status_code == 200 and resp.headers["Content-Type"] == "application/json"
+    partial = resp.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1" and "invalid_trace_id=1" in partial["errorMessage"]
+    assert len(sink.spans) == len(spans) - 1
+    assert counters.rejected[(R, "invalid_trace_id")] == 1
+    # A clean JSON request gets an empty response object.
+    ok = requests.post(url, data=json.dumps(request_to_json(encode_spans(spans))), headers=JS)
+    assert ok.status_code == 200 and ok.json() == {}
+
+
+def test_proto_partial_success_for_missing_ids(server: Any) -> None:
+    _, sink, _, url = server
+    req = encode_spans(sdk_spans(1))
+    req.resource_spans[0].scope_spans[0].spans[1].span_id = b""
+    resp = requests.post(url, data=req.SerializeToString(), headers=PB, timeout=5)
+    body = ExportTraceServiceResponse.FromString(resp.content)
+    assert resp.status_code == 200 and body.partial_success.rejected_spans == 1
+    assert "missing_span_id" in body.partial_success.error_message
+
+
+def test_truncated_protobuf_gets_400_status_with_bad_request(server: Any) -> None:
+    _, sink, counters, url = server
+    data = proto_body(sdk_spans(1))
+    resp = requests.post(url, data=data[:-7], headers=PB, timeout=5)
+    assert resp.status_code == 400 and resp.headers["Content-Type"] == PB["Content-Type"]
+    st = rpc_status(resp)
+    assert st.code == code_pb2.INVALID_ARGUMENT and "ExportTraceServiceRequest" in st.message
+    assert st.details[0].Is(error_details_pb2.BadRequest.DESCRIPTOR)
+    assert counters.rejected[(R, "malformed_protobuf")] == 1
+    assert_still_serving(url, sink)
+
+
+def test_invalid_json_gets_400_json_status(server: Any) -> None:
+    _, sink, counters, url = server
+    resp = requests.post(url, data=b'{"resourceSpans": [', headers=JS, timeout=5)
+    assert resp.status_code == 400 and resp.json()["code"] == code_pb2.INVALID_ARGUMENT
+    assert counters.rejected[(R, "malformed_json")] == 1
+    assert_still_serving(url, sink)
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"Content-Type": "text/plain"}, "unsupported_content_type"),
+        ({}, "unsupported_content_type"),
+        ({**PB, "Content-Encoding": "br"}, "unsupported_encoding"),
+    ],
+)
+def test_unsupported_type_or_encoding_gets_415(
+    server: Any, headers: dict[str, str], reason: str
+) -> None:
+    _, sink, counters, url = server
+    resp = requests.post(url, data=b"xx", headers=headers, timeout=5)
+    assert resp.status_code == 415
+    assert counters.rejected[(R, reason)] == 1
+    assert_still_serving(url, sink)
+
+
+def test_wrong_path_and_method(server: Any) -> None:
+    _, sink, counters, url = server
+    assert requests.post(url + "/x", data=b"", headers=PB, timeout=5).status_code == 404
+    resp = requests.get(url, timeout=5)
+    assert resp.status_code == 405 and resp.headers["Allow"] == "POST"
+    assert counters.rejected[(R, "not_found")] == counters.rejected[(R, "method_not_allowed")] == 1
+    assert_still_serving(url, sink)
+
+
+def test_malformed_gzip_gets_400(server: Any) -> None:
+    _, sink, counters, url = server
+    data = gzip.compress(proto_body(sdk_spans(1)))
+    resp = requests.post(
+        url, data=data[:-12], headers={**PB, "Content-Encoding": "gzip"}, timeout=5
+    )
+    assert resp.status_code == 400 and counters.rejected[(R, "malformed_gzip")] == 1
+    assert_still_serving(url, sink)
+
+
+def gzip_bomb(total: int = 1 << 30, chunk: int = 1 << 20) -> bytes:
+    """A valid gzip of ``total`` zero bytes, built without ever holding them.
+
+    After ``Z_FULL_FLUSH`` the compressor keeps no history, so every 1 MiB block of zeros
+    compresses to the same bytes: compress one, repeat it, add header and CRC trailer.
+    """
+    zeros = bytes(chunk)
+    comp = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = comp.compress(zeros) + comp.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(total // chunk):
+        crc = zlib.crc32(zeros, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    trailer = struct.pack("<II", crc, total & 0xFFFFFFFF)
+    return header + block * (total // chunk) + comp.flush(zlib.Z_FINISH) + trailer
+
+
+def test_gzip_bomb_helper_is_a_valid_gzip_of_zeros() -> None:
+    assert gzip.decompress(gzip_bomb(4 << 20)) == bytes(4 << 20)
+
+
+def test_gzip_bomb_is_refused_while_streaming(server: Any) -> None:
+    _, sink, counters, url = server
+    bomb = gzip_bomb()
+    assert len(bomb) < 2 << 20  # ~1 MB on the wire, 1 GiB inflated
+    tracemalloc.start()
+    try:
+        resp = requests.post(url, data=bomb, headers={**PB, "Content-Encoding": "gzip"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert resp.status_code == 413 and rpc_status(resp).code == code_pb2.RESOURCE_EXHAUSTED
+    assert counters.rejected[(R, "decompressed_too_large")] == 1
+    # Inflation stops one 1 MiB step past the 64 MiB cap; 1 GiB was never materialised.
+    # (peak also holds the test's own ~1 MB bomb and requests' buffers; 100 MiB is slack.)
+    assert peak < 100 << 20
+    assert_still_serving(url, sink)
+
+
+def big_attribute_body() -> bytes:
+    req = encode_spans(sdk_spans(1))
+    kv = req.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="big")
+    kv.value.string_value = "x" * (10 << 20)
+    return req.SerializeToString()
+
+
+def test_ten_megabyte_attribute_over_body_cap_gets_413(server: Any) -> None:
+    _, sink, counters, url = server
+    resp = requests.post(url, data=big_attribute_body(), headers=PB, timeout=5)
+    assert resp.status_code == 413 and counters.rejected[(R, "body_too_large")] == 1
+    assert resp.headers.get("Connection") == "close"
+    assert_still_serving(url, sink)
+
+
+def test_ten_megabyte_attribute_gzipped_is_truncated_and_counted(server: Any) -> None:
+    _, sink, counters, url = server
+    data = gzip.compress(big_attribute_body())
+    resp = requests.post(url, data=data, headers={**PB, "Content-Encoding": "gzip"}, timeout=5)
+    assert resp.status_code == 200
+    (big,) = [s for s in sink.spans if "big" in s.attributes]
+    assert big.attributes["big"] == "x" * (64 * 1024)
+    assert counters.dropped["attribute_value_truncated"] == 1
+
+
+def test_chunked_body_and_raw_garbage_on_the_socket(server: Any) -> None:
+    rec, sink, _, url = server
+    spans = sdk_spans(1)
+    resp = requests.post(url, data=iter([proto_body(spans)]), headers=PB, timeout=5)
+    assert resp.status_code == 200 and len(sink.spans) == len(spans)
+    for junk in (
+        b"\x16\x03\x01\x00\xff" * 50,
+        b"POST /v1/traces HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", rec.bound_port), timeout=5) as sock:
+            sock.sendall(junk)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(4096):
+                pass
+    assert_still_serving(url, sink)
+
+
+def test_overload_gets_503_with_retry_after(server: Any) -> None:
+    _, sink, counters, url = server
+    sink.refuse = 1
+    resp = requests.post(url, data=proto_body(sdk_spans(1)), headers=PB, timeout=5)
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "0"
+    assert rpc_status(resp).code == code_pb2.UNAVAILABLE
+    assert counters.rejected[(R, "pipeline_full")] == 3
+
+
+def test_real_exporter_honours_retry_after_and_succeeds(server: Any) -> None:
+    _, sink, _, url = server
+    sink.refuse = 2
+    spans = sdk_spans(1)
+    exporter = OTLPSpanExporter(endpoint=url, timeout=10)
+    t0 = time.monotonic()
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    elapsed = time.monotonic() - t0
+    exporter.shutdown()
+    assert sink.offers == 3
+    assert_received_exactly(sink.spans, spans)
+    # Retry-After: 0 replaced the exporter's own backoff (>= 0.8 s + 1.6 s with jitter).
+    assert elapsed < 0.8
