@@ -1,0 +1,248 @@
+"""Single-version and regression verdicts (SPEC 3.3, 3.4): closed forms, worked numbers,
+and Monte Carlo error rates."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import assaywatch.analyzers.verdicts as verdicts_module
+from assaywatch.analyzers.model import Verdict
+from assaywatch.analyzers.verdicts import (
+    clopper_pearson_interval,
+    effect_sizes,
+    fisher_pvalue,
+    planned_power,
+    planned_sample_size,
+    regression_verdict,
+    sample_size,
+    single_verdict,
+    wilson_interval,
+    z_pvalue,
+)
+
+ALPHA, BETA, DELTA = 0.05, 0.1, 0.1
+
+
+def wilson_reference(k: int, n: int, z: float) -> tuple[float, float]:
+    """SPEC Eq. 3 written out."""
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+@pytest.mark.parametrize("n", [1, 7, 50, 333])
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.2])
+def test_wilson_matches_eq3_and_one_sided_uses_z_1_minus_alpha(n: int, alpha: float) -> None:
+    for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+        lo, hi = wilson_interval(k, n, alpha)
+        ref = wilson_reference(k, n, stats.norm.ppf(1 - alpha / 2))
+        assert lo == pytest.approx(ref[0], abs=1e-12) and hi == pytest.approx(ref[1], abs=1e-12)
+        one = wilson_reference(k, n, stats.norm.ppf(1 - alpha))
+        assert wilson_interval(k, n, alpha, sided="lower") == pytest.approx((one[0], 1.0))
+        assert wilson_interval(k, n, alpha, sided="upper") == pytest.approx((0.0, one[1]))
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (10, 10), (180, 200), (1, 1000)])
+def test_clopper_pearson_is_the_beta_quantile_interval(k: int, n: int) -> None:
+    lo, hi = clopper_pearson_interval(k, n, 0.05)
+    ref_lo = 0.0 if k == 0 else stats.beta.ppf(0.025, k, n - k + 1)
+    ref_hi = 1.0 if k == n else stats.beta.ppf(0.975, k + 1, n - k)
+    assert lo == pytest.approx(ref_lo, abs=1e-9) and hi == pytest.approx(ref_hi, abs=1e-9)
+    one_lo = 0.0 if k == 0 else stats.beta.ppf(0.05, k, n - k + 1)
+    assert clopper_pearson_interval(k, n, 0.05, "lower")[0] == pytest.approx(one_lo, abs=1e-9)
+
+
+def test_spec_worked_example_wilson_and_clopper_pearson() -> None:
+    expected = {
+        50: (0.7864, 0.9565, Verdict.INCONCLUSIVE),
+        100: (0.8256, 0.9448, Verdict.INCONCLUSIVE),
+        200: (0.8506, 0.9343, Verdict.PASS),
+    }
+    for n, (lo, hi, verdict) in expected.items():
+        result = single_verdict(int(0.9 * n), n, theta=0.85)
+        assert (round(result.lower, 4), round(result.upper, 4)) == (lo, hi)
+        assert result.verdict is verdict and result.p_hat == pytest.approx(0.9)
+        assert result.n == n and result.method == "wilson"
+    cp = single_verdict(180, 200, theta=0.85, method="clopper-pearson")
+    assert round(cp.lower, 4) == 0.8498 and cp.verdict is Verdict.INCONCLUSIVE
+
+
+def test_single_verdict_fail_and_one_sided_rules() -> None:
+    assert single_verdict(70, 100, theta=0.85).verdict is Verdict.FAIL
+    # 179/200: two-sided lower 0.8448 < 0.85, one-sided lower (z = 1.645) 0.8539 >= 0.85.
+    one = single_verdict(179, 200, theta=0.85, method="one-sided")
+    two = single_verdict(179, 200, theta=0.85, method="wilson")
+    assert one.lower > two.lower and one.upper < two.upper
+    assert one.verdict is Verdict.PASS and two.verdict is Verdict.INCONCLUSIVE
+
+
+def _pass_mask(n: int, theta: float, method: str) -> np.ndarray:
+    """Pass indicator for every k (k outside theta's central 1 - 2e-12 mass left False)."""
+    lo, hi = (int(x) for x in stats.binom.ppf([1e-12, 1 - 1e-12], n, theta))
+    mask = np.zeros(n + 1, dtype=bool)
+    for k in range(lo, hi + 1):
+        mask[k] = single_verdict(k, n, theta, method=method).verdict is Verdict.PASS  # type: ignore[arg-type]
+    return mask
+
+
+@pytest.mark.parametrize("theta", [0.8, 0.85, 0.9])
+@pytest.mark.parametrize("n", [50, 100, 200, 500])
+def test_exact_false_pass_rate_at_theta_is_as_documented(theta: float, n: int) -> None:
+    pmf = stats.binom.pmf(np.arange(n + 1), n, theta)
+    two_sided = pmf[_pass_mask(n, theta, "wilson")].sum()
+    one_sided = pmf[_pass_mask(n, theta, "one-sided")].sum()
+    assert 0.005 <= two_sided <= 0.028  # documented 0.005-0.027: about alpha/2, not alpha
+    assert 0.033 <= one_sided <= 0.058  # documented 0.034-0.058: about alpha
+    cp = pmf[_pass_mask(n, theta, "clopper-pearson")].sum()
+    assert cp <= ALPHA / 2  # the exact interval's guarantee
+
+
+def test_monte_carlo_false_pass_rate_at_theta() -> None:
+    # 200,000 seeded binomial draws of k; each k's verdict is looked up, so the verdict
+    # function itself decides. SE of a 0.027 rate is 3.6e-4: 4 SE tolerance to the exact.
+    n, theta = 100, 0.85
+    rng = np.random.default_rng(20260301)
+    ks = rng.binomial(n, theta, size=200_000)
+    for method in ("wilson", "one-sided"):
+        mask = _pass_mask(n, theta, method)
+        mc = mask[ks].mean()
+        exact = stats.binom.pmf(np.arange(n + 1), n, theta)[mask].sum()
+        assert abs(mc - exact) <= 4 * math.sqrt(exact * (1 - exact) / ks.size)
+    assert _pass_mask(n, theta, "wilson")[ks].mean() <= ALPHA
+
+
+def test_input_validation_names_the_problem() -> None:
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        wilson_interval(11, 10)
+    with pytest.raises(ValueError, match="alpha"):
+        wilson_interval(1, 10, alpha=1.5)
+    with pytest.raises(ValueError, match="clopper-pearson"):
+        single_verdict(1, 10, 0.5, method="exact")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fisher"):
+        regression_verdict(5, 10, 5, 10, test="t")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sided"):
+        wilson_interval(1, 10, sided="left")  # type: ignore[arg-type]
+
+
+def test_sample_size_eq6_and_its_minimality() -> None:
+    assert sample_size(0.9, 0.1, 0.05, 0.1) == 215  # SPEC erratum: Eq. 6 gives 215, not 109
+    for p_b, delta in [(0.9, 0.1), (0.7, 0.05), (0.5, 0.2), (0.99, 0.3)]:
+        n = sample_size(p_b, delta)
+        p_c = p_b - delta
+        var = p_b * (1 - p_b) + p_c * (1 - p_c)
+
+        def approx_power(m: int, d: float = delta, v: float = var) -> float:
+            # the unpooled normal power that Eq. 6 inverts
+            return float(stats.norm.cdf(d / math.sqrt(v / m) - stats.norm.ppf(0.95)))
+
+        assert approx_power(n) >= 0.9 - 1e-12 and (n == 1 or approx_power(n - 1) < 0.9)
+
+
+def test_effect_sizes_formulas_labels_and_haldane() -> None:
+    e = effect_sizes(0.9, 0.8)
+    assert e.difference == pytest.approx(0.1)
+    assert e.cohens_h == pytest.approx(2 * math.asin(0.9**0.5) - 2 * math.asin(0.8**0.5))
+    assert e.odds_ratio == pytest.approx((0.9 / 0.1) / (0.8 / 0.2)) and e.label == "medium"
+    assert effect_sizes(0.5, 0.45).label == "small" and effect_sizes(0.9, 0.5).label == "large"
+    # 10/10 vs 5/10 has a zero cell: 0.5 is added to every cell.
+    haldane = effect_sizes(1.0, 0.5, 10, 10)
+    assert haldane.odds_ratio == pytest.approx((10.5 * 5.5) / (0.5 * 5.5))
+    assert math.isinf(effect_sizes(1.0, 0.5).odds_ratio)
+
+
+def test_vectorised_pvalues_match_scipy() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        n_b, n_c = rng.integers(1, 80, size=2)
+        k_b, k_c = rng.integers(0, n_b + 1), rng.integers(0, n_c + 1)
+        table = [[k_b, n_b - k_b], [k_c, n_c - k_c]]
+        ref = stats.fisher_exact(table, alternative="greater").pvalue
+        assert float(fisher_pvalue(k_b, n_b, k_c, n_c)) == pytest.approx(ref, rel=1e-9)
+        z = float(z_pvalue(k_b, n_b, k_c, n_c))
+        if 0 < k_b + k_c < n_b + n_c:
+            # Uncorrected chi-square = z^2, so the one-sided p is half its p on the right side.
+            chi = stats.chi2_contingency(table, correction=False).pvalue
+            expected = chi / 2 if k_b / n_b >= k_c / n_c else 1 - chi / 2
+            assert z == pytest.approx(expected, rel=1e-7, abs=1e-12)
+        else:
+            assert z == 1.0
+
+
+def _simulate_counts(p_b: float, p_c: float, n: int, reps: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.binomial(n, p_b, reps), rng.binomial(n, p_c, reps)], axis=1)
+
+
+def _verdict_rates(counts: np.ndarray, n: int, test: str) -> tuple[float, float]:
+    """(rejection rate, Fail rate) of regression_verdict, called once per distinct outcome."""
+    pairs, inverse = np.unique(counts, axis=0, return_inverse=True)
+    results = [regression_verdict(int(kb), n, int(kc), n, test=test) for kb, kc in pairs]  # type: ignore[arg-type]
+    reject = np.array([r.p_value < ALPHA for r in results])[inverse.ravel()]
+    fail = np.array([r.verdict is Verdict.FAIL for r in results])[inverse.ravel()]
+    return float(reject.mean()), float(fail.mean())
+
+
+@pytest.mark.parametrize("test", ["fisher", "z"])
+def test_type_one_error_at_no_change_is_at_most_alpha(test: str) -> None:
+    # 20,000 seeded replicates; SE of a 0.05 rate is 0.0015, tolerance 4 SE = 0.006.
+    counts = _simulate_counts(0.9, 0.9, 215, 20_000, seed=7)
+    reject, fail = _verdict_rates(counts, 215, test)
+    assert reject <= ALPHA + 0.006
+    assert fail <= reject  # Fail also needs the observed drop >= delta
+
+
+@pytest.mark.parametrize("test", ["fisher", "z"])
+def test_power_at_planned_sample_size_and_planned_power_is_exact(test: str) -> None:
+    n = planned_sample_size(0.9, DELTA, ALPHA, BETA, test)  # type: ignore[arg-type]
+    power = planned_power(0.9, n, n, DELTA, ALPHA, test)  # type: ignore[arg-type]
+    assert power >= 1 - BETA and planned_power(0.9, n - 1, n - 1, DELTA, ALPHA, test) < 1 - BETA  # type: ignore[arg-type]
+    counts = _simulate_counts(0.9, 0.8, n, 20_000, seed=8)
+    reject, fail = _verdict_rates(counts, n, test)
+    se = math.sqrt(power * (1 - power) / 20_000)  # 0.0021
+    assert abs(reject - power) <= 4 * se and reject >= 1 - BETA - 4 * se
+    # SPEC's practical-significance rule: at a true drop of exactly delta the observed drop
+    # reaches delta only about half the time, so Fail is ~0.5 whatever the power.
+    assert 0.4 <= fail <= 0.6
+    # A drop of 1.5 delta: observed drop >= delta with z = 0.05/0.035 = 1.4 (p = 0.92).
+    counts = _simulate_counts(0.9, 0.75, n, 20_000, seed=9)
+    assert _verdict_rates(counts, n, test)[1] >= 0.88
+
+
+def test_fisher_sample_size_exceeds_eq6_because_fisher_is_conservative() -> None:
+    assert planned_sample_size(0.9, 0.1) == 232 > sample_size(0.9, 0.1)
+    assert planned_power(0.9, 215, 215, 0.1) < 0.9 <= planned_power(0.9, 215, 215, 0.1, test="z")
+
+
+@pytest.mark.parametrize("n", [150, 215, 300])
+def test_normal_approximation_branch_is_close_to_exact(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exact = {t: planned_power(0.9, n, n, 0.1, test=t) for t in ("fisher", "z")}  # type: ignore[arg-type]
+    monkeypatch.setattr(verdicts_module, "EXACT_POWER_MAX_CELLS", 0)
+    verdicts_module._power.cache_clear()
+    try:
+        for test, value in exact.items():
+            assert planned_power(0.9, n, n, 0.1, test=test) == pytest.approx(value, abs=0.015)  # type: ignore[arg-type]
+    finally:
+        verdicts_module._power.cache_clear()
+
+
+def test_regression_rule_branches() -> None:
+    fail = regression_verdict(90, 100, 65, 100)
+    assert fail.verdict is Verdict.FAIL and fail.p_value < ALPHA and fail.effects.label == "large"
+    # Significant but smaller than delta: Inconclusive (not practically significant).
+    small = regression_verdict(9_000, 10_000, 8_900, 10_000)
+    assert small.p_value < ALPHA and small.verdict is Verdict.INCONCLUSIVE
+    # No evidence but too few runs to have seen a drop of delta: Inconclusive.
+    weak = regression_verdict(18, 20, 18, 20)
+    assert weak.power < 1 - BETA and weak.verdict is Verdict.INCONCLUSIVE
+    ok = regression_verdict(270, 300, 272, 300)
+    assert ok.verdict is Verdict.PASS and ok.power >= 1 - BETA and ok.n_required == 215
+    fields = (ok.n_b, ok.n_c, ok.alpha, ok.beta, ok.delta, ok.test)
+    assert fields == (300, 300, 0.05, 0.1, 0.1, "fisher")
+    assert ok.power == planned_power(0.9, 300, 300, 0.1)  # planned, not observed, power
