@@ -302,7 +302,10 @@ class Engine:
             ev_h = self._hotelling(st)
             if ev_h is not None:
                 fired.append(("hotelling", ev_h))
-        self._pass_rate_verdict(st, base)
+        if st.monitored_runs % cfg.hotelling_every == 0:
+            # the regression verdict's exact power is the costly part: refresh it at the
+            # Hotelling cadence rather than on every run
+            self._pass_rate_verdict(st, base)
         events = []
         for name, evidence in fired:
             # An onset is an alarm that was not already active: a persisting change keeps

@@ -1,0 +1,125 @@
+"""The assay engine on simulated runs: baselines learned and frozen, alarms on regressions,
+silence on unchanged streams, previous-version baselines, re-baselining, stream limits."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from assaywatch.analyzers.model import Outcome, StreamKey
+from assaywatch.monitor.config import DetectorConfig
+from assaywatch.monitor.engine import Engine
+from tests.analyzers.simagent import simulate_runs
+
+KEY = StreamKey("support-agent", "1.0", "refund")
+TOOLS = {"search": 0.5, "lookup": 0.3, "calc": 0.2}
+
+
+def _cfg(**kw: object) -> DetectorConfig:
+    base = {"learn_runs": 150, "hotelling_window": 100, "hotelling_every": 20}
+    base.update(kw)
+    return DetectorConfig(**base)  # type: ignore[arg-type]
+
+
+def _feed(engine: Engine, runs: list) -> list:
+    events = []
+    for r in runs:
+        events.extend(engine.process(r))
+    return events
+
+
+def test_baseline_is_learned_then_frozen_and_detectors_start() -> None:
+    rng = np.random.default_rng(1)
+    eng = Engine(_cfg())
+    _feed(eng, simulate_runs(149, rng, key=KEY, tool_weights=TOOLS))
+    st = eng.stream(KEY)
+    assert st is not None and st.baseline is None and not st.detectors
+    _feed(eng, simulate_runs(1, rng, key=KEY, tool_weights=TOOLS))
+    assert st.baseline is not None and st.baseline.n_runs == 150
+    assert st.baseline_origin == "learned"
+    assert {"sprt", "cusum_pass_rate", "cusum_fingerprint", "mewma"} <= set(st.detectors)
+
+
+def test_unchanged_stream_stays_quiet() -> None:
+    rng = np.random.default_rng(2)
+    eng = Engine(_cfg())
+    events = _feed(eng, simulate_runs(150 + 1500, rng, key=KEY, tool_weights=TOOLS))
+    st = eng.stream(KEY)
+    assert st is not None
+    assert events == [], [(e.detector, e.run_index, e.evidence) for e in events]
+    assert sum(st.outcomes.values()) == 1650
+
+
+@pytest.mark.parametrize("change, detectors", [
+    ({"pass_rate": 0.6}, {"sprt", "cusum_pass_rate"}),
+    ({"tool_weights": {"search": 0.05, "lookup": 0.75, "calc": 0.2}},
+     {"cusum_fingerprint", "hotelling"}),
+])
+def test_regressions_alarm_within_bounded_runs(change: dict, detectors: set[str]) -> None:
+    rng = np.random.default_rng(3)
+    eng = Engine(_cfg())
+    _feed(eng, simulate_runs(150, rng, key=KEY, tool_weights=TOOLS))
+    kw = {"tool_weights": TOOLS, **change}
+    events = _feed(eng, simulate_runs(200, rng, key=KEY, **kw))  # type: ignore[arg-type]
+    fired = {e.detector for e in events}
+    assert fired & detectors, fired
+    first = min(e.run_index for e in events if e.detector in detectors)
+    assert first <= 150
+    for e in events:
+        assert e.baseline_id and e.evidence["baseline_runs"] == 150
+        assert e.stream_run == 150 + e.run_index
+
+
+def test_new_version_is_compared_with_previous_versions_baseline() -> None:
+    rng = np.random.default_rng(4)
+    eng = Engine(_cfg())
+    _feed(eng, simulate_runs(150, rng, key=KEY, tool_weights=TOOLS))
+    v2 = StreamKey(KEY.agent, "2.0", KEY.scenario)
+    events = _feed(eng, simulate_runs(200, rng, key=v2, tool_weights=TOOLS, pass_rate=0.55))
+    st2 = eng.stream(v2)
+    assert st2 is not None and st2.baseline_origin == "previous-version"
+    assert st2.baseline is eng.stream(KEY).baseline  # type: ignore[union-attr]
+    assert {e.detector for e in events} & {"sprt", "cusum_pass_rate"}
+
+
+def test_rebaseline_learns_again_and_stream_limit_counts_drops() -> None:
+    rng = np.random.default_rng(5)
+    eng = Engine(_cfg(), max_streams=1)
+    _feed(eng, simulate_runs(160, rng, key=KEY, tool_weights=TOOLS))
+    assert eng.rebaseline(KEY)
+    st = eng.stream(KEY)
+    assert st is not None and st.baseline is None
+    other = StreamKey("other-agent")
+    _feed(eng, simulate_runs(3, rng, key=other, tool_weights=TOOLS))
+    assert eng.stream(other) is None and eng.dropped["stream_limit"] == 3
+    assert not eng.rebaseline(other)
+
+
+def test_unknown_outcomes_skip_pass_rate_detectors() -> None:
+    rng = np.random.default_rng(6)
+    eng = Engine(_cfg())
+    _feed(eng, simulate_runs(150, rng, key=KEY, tool_weights=TOOLS))
+    runs = simulate_runs(50, rng, key=KEY, tool_weights=TOOLS)
+    for r in runs:
+        r.outcome = Outcome.UNKNOWN
+    _feed(eng, runs)
+    st = eng.stream(KEY)
+    assert st is not None and st.detectors["cusum_pass_rate"].n == 0
+    assert st.outcomes["unknown"] == 50
+
+
+def test_engine_state_survives_pickle_round_trip() -> None:
+    rng = np.random.default_rng(8)
+    eng = Engine(_cfg())
+    runs = simulate_runs(300, rng, key=KEY, tool_weights=TOOLS)
+    _feed(eng, runs[:250])
+    clone = Engine(_cfg())
+    clone._streams.update(pickle.loads(pickle.dumps(eng._streams)))
+    a = _feed(eng, runs[250:])
+    b = _feed(clone, runs[250:])
+    assert [(e.detector, e.run_index) for e in a] == [(e.detector, e.run_index) for e in b]
+    sa, sb = eng.stream(KEY), clone.stream(KEY)
+    assert sa is not None and sb is not None
+    assert sa.detectors["cusum_pass_rate"].statistic == sb.detectors["cusum_pass_rate"].statistic
