@@ -340,7 +340,7 @@ class Engine:
         # One test every `hotelling_every` runs: alpha per test keeps the ARL0 share.
         alpha = min(0.05, cfg.hotelling_every / (cfg.arl0 * _ARL_SHARES))
         res = hotelling_two_sample(base.mean, base.cov, base.n_runs, np.vstack(st.recent_fps),
-                                   alpha=alpha)
+                                   alpha=alpha, feature_names=base.feature_names)
         st.hotelling_p = float(res.p_value)
         st.fingerprint_shift = float(res.mahalanobis)
         st.feature_shift = dict(res.feature_shifts)

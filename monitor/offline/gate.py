@@ -151,7 +151,8 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
         X = fingerprint_matrix(runs, base.tools)
         if len(runs) >= 2 and base.n_runs >= 2:
             h = hotelling_two_sample(base.mean, base.cov, base.n_runs, X,
-                                     alpha=policy.fingerprint_alpha)
+                                     alpha=policy.fingerprint_alpha,
+                                     feature_names=base.feature_names)
             fp_raw.append((len(streams) - 1, h))
             sr.feature_shifts = [(n, float(v)) for n, v in h.feature_shifts]
         cov = coverage(runs, base.tools)
