@@ -17,6 +17,9 @@ import sys
 from collections.abc import Sequence
 
 import assaywatch
+from assaywatch.monitor.errors import UsageError
+
+__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 EXIT_USAGE = 3
 
@@ -31,10 +34,6 @@ COMMANDS = (
     "demo",
     "dashboards",
 )
-
-
-class UsageError(Exception):
-    """A user mistake: printed as ``assaywatch: error: <message>`` with exit code 3."""
 
 
 class _Parser(argparse.ArgumentParser):

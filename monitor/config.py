@@ -86,6 +86,9 @@ class DetectorConfig:
                               "Inconclusive and restarts.")
     fingerprint_shift: float = _opt(0.5, "Per-feature shift, in baseline standard deviations, "
                                     "the fingerprint CUSUM is tuned for.")
+    mewma_min_baseline: int = _opt(1_000, "Baseline runs needed before the MEWMA runs: its "
+                                   "threshold assumes a known covariance, and a covariance "
+                                   "estimated from fewer runs raises false alarms.")
     hotelling_window: int = _opt(200, "Recent runs compared with the baseline by Hotelling "
                                  "T^2 and the pass-rate verdict.")
     hotelling_every: int = _opt(25, "Runs between two windowed Hotelling tests.")

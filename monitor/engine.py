@@ -16,8 +16,10 @@ version's frozen baseline) and, once the baseline is frozen, these detectors:
     Bernoulli likelihood-ratio CUSUM, threshold from the ARL0 target accounting for the
     baseline being an estimate from finite data.
 ``cusum_fingerprint``
-    Standardised two-sided CUSUM per fingerprint feature, plus a MEWMA on the projected
-    fingerprint (either one firing raises this alarm; the evidence says which).
+    Standardised two-sided CUSUM per fingerprint feature, its threshold widened for the
+    baseline being an estimate, plus a MEWMA on the projected fingerprint once the
+    baseline has ``mewma_min_baseline`` runs (either one firing raises this alarm; the
+    evidence says which).
 ``hotelling``
     Hotelling T^2 of the last ``hotelling_window`` runs against the baseline, every
     ``hotelling_every`` runs, at a per-test alpha that keeps the ARL0 share.
@@ -225,7 +227,7 @@ class Engine:
         assert base is not None
         cfg = self.config
         share = cfg.arl0 * _ARL_SHARES
-        p0 = _clamp_rate(base.pass_rate, cfg.delta)
+        p0 = _clamp_rate(base.pass_rate or 0.5, cfg.delta)
         decided = base.passes + base.fails
         dets: dict[str, Any] = {}
         if "sprt" in cfg.detectors:
@@ -239,8 +241,10 @@ class Engine:
         if "cusum_fingerprint" in cfg.detectors:
             dets["cusum_fingerprint"] = FingerprintCUSUM(
                 mean=base.mean, sd=sd, k=cfg.fingerprint_shift / 2, arl0=share,
-                feature_names=list(base.feature_names))
-            dets["mewma"] = MEWMA(mean=base.mean, cov=base.cov, arl0=share)
+                feature_names=list(base.feature_names), baseline_runs=max(3, base.n_runs),
+                confidence=cfg.arl0_confidence)
+            if base.n_runs >= cfg.mewma_min_baseline:
+                dets["mewma"] = MEWMA(mean=base.mean, cov=base.cov, arl0=share)
         st.detectors = dets
         st.recent_outcomes = deque(maxlen=cfg.hotelling_window)
         st.recent_fps = deque(maxlen=cfg.hotelling_window)
@@ -250,7 +254,13 @@ class Engine:
         base = st.baseline
         assert base is not None
         cfg = self.config
-        theta = _clamp_rate(base.pass_rate, cfg.delta)
+        decided = base.passes + base.fails
+        # H0 is "as good as the baseline"; the baseline's rate is an estimate, so the SPRT
+        # keeps its one-sided lower confidence bound (level arl0_confidence) rather than the
+        # point estimate, which a lucky baseline would push above the agent's true rate.
+        lower = wilson_interval(base.passes, decided, 1 - cfg.arl0_confidence,
+                                sided="lower")[0] if decided else 0.5
+        theta = _clamp_rate(lower, cfg.delta)
         same = st.baseline_origin != "previous-version"
         return WarmStartSPRT(
             theta=theta, delta=cfg.delta, alpha=cfg.alpha, beta=cfg.beta,
@@ -292,11 +302,14 @@ class Engine:
         fpc = st.detectors.get("cusum_fingerprint")
         if fpc is not None:
             fpc.update(fp)
-            mewma = st.detectors["mewma"]
-            mewma.update(fp)
-            if fpc.drift_detected or mewma.drift_detected:
+            mewma = st.detectors.get("mewma")
+            if mewma is not None:
+                mewma.update(fp)
+            if fpc.drift_detected or (mewma is not None and mewma.drift_detected):
                 ev = {"statistic": "fingerprint_cusum" if fpc.drift_detected else "mewma",
-                      "cusum": fpc.evidence(), "mewma": mewma.evidence()}
+                      "cusum": fpc.evidence()}
+                if mewma is not None:
+                    ev["mewma"] = mewma.evidence()
                 fired.append(("cusum_fingerprint", ev))
         if "hotelling" in cfg.detectors:
             ev_h = self._hotelling(st)

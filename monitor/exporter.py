@@ -147,7 +147,7 @@ class MonitorCollector(Collector):
                 thr.add_metric(k + ["cusum_pass_rate"], cusum.threshold)
             fpc = st.detectors.get("cusum_fingerprint")
             if fpc is not None:
-                for name, value in fpc.feature_statistics().items():
+                for name, value in fpc.feature_statistics.items():
                     stat.add_metric(k + [name], value)
                 thr.add_metric(k + ["cusum_fingerprint"], fpc.threshold)
             if st.fingerprint_shift is not None:

@@ -9,7 +9,7 @@ from typing import Any
 
 
 def usage_error(message: str) -> Exception:
-    from assaywatch.monitor.cli import UsageError
+    from assaywatch.monitor.errors import UsageError
 
     return UsageError(message)
 

@@ -50,7 +50,7 @@ def _config(args: argparse.Namespace, state_dir: str, metrics: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from assaywatch.monitor.cli import UsageError
+    from assaywatch.monitor.errors import UsageError
 
     if args.runs < 2 or not 0 < args.at < args.runs:
         raise UsageError("need 0 < --at < --runs (for example --runs 400 --at 200)")

@@ -41,8 +41,8 @@ def register(sub: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Any:
-    from assaywatch.monitor.cli import UsageError
     from assaywatch.monitor.config import ConfigError, MonitorConfig, parse_hostport
+    from assaywatch.monitor.errors import UsageError
 
     try:
         cfg = MonitorConfig.load(args.config) if args.config else MonitorConfig()
@@ -72,7 +72,7 @@ def load_config(args: argparse.Namespace) -> Any:
 
 def load_baselines(paths: list[str]) -> list[Any]:
     from assaywatch.analyzers.baseline import baselines_from_json
-    from assaywatch.monitor.cli import UsageError
+    from assaywatch.monitor.errors import UsageError
 
     out = []
     for path in paths:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         addresses = monitor.start()
     except OSError as exc:
-        from assaywatch.monitor.cli import UsageError
+        from assaywatch.monitor.errors import UsageError
 
         monitor.stop()
         raise UsageError(f"cannot listen: {exc}; pick another HOST:PORT") from None

@@ -50,9 +50,18 @@ def make_provider(endpoint: str, protocol: str = "grpc", service: str = "support
     return provider, bsp
 
 
+#: End of the last emitted run: the simulated process runs its agents one after another,
+#: like one worker, so runs never overlap in (simulated) time and the order the monitor
+#: closes them in is the order they ran in.
+_last_end: dict[str, int] = {}
+
+
 def emit_run(tracer: object, rng: np.random.Generator, agent: str, version: str,
              scenario: str, b: AgentBehaviour, t0_ns: int) -> int:
-    """Emit one run starting at ``t0_ns``; return its end time."""
+    """Emit one run starting at ``t0_ns`` (or just after the stream's previous run, if that
+    is later); return its end time."""
+    key = "process"
+    t0_ns = max(t0_ns, _last_end.get(key, 0) + 1_000_000)
     tools = list(b.tools)
     weights = np.array([b.tools[t] for t in tools], dtype=float)
     weights /= weights.sum()
@@ -91,6 +100,7 @@ def emit_run(tracer: object, rng: np.random.Generator, agent: str, version: str,
     passed = bool(rng.random() < b.pass_rate)
     root.set_attribute("assaywatch.evaluation.passed", passed)
     root.end(end_time=t)
+    _last_end[key] = t
     return t
 
 

@@ -1,0 +1,1 @@
+"""Shipped Grafana dashboards, Prometheus alert rules and their generator (package data)."""
