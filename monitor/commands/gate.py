@@ -23,8 +23,33 @@ def register(sub: Any) -> None:
     p.add_argument("--baseline", required=True, nargs="+", metavar="FILE",
                    help="baseline JSON from `assaywatch baseline build`, or span files of the "
                         "known-good version")
-    p.add_argument("--candidate", required=True, nargs="+", metavar="FILE",
-                   help="span files of the candidate version")
+    p.add_argument("--candidate", nargs="+", metavar="FILE",
+                   help="span files of the candidate version (or --run)")
+    live = p.add_argument_group(
+        "live gate", "run the candidate until the verdict is decided (monitor/live/runner.py "
+        "describes the COMMAND protocol)")
+    live.add_argument("--run", metavar="COMMAND",
+                      help="run this shell command repeatedly, one agent run per invocation "
+                           "(or --loop), with OTEL_EXPORTER_OTLP_ENDPOINT set to an embedded "
+                           "receiver; stops at the first sequential decision")
+    live.add_argument("--scenario", action="append", metavar="NAME",
+                      help="scenario to run (repeatable; default: the baseline's scenarios); "
+                           "passed to COMMAND as ASSAYWATCH_SCENARIO")
+    live.add_argument("--max-runs", type=int, metavar="N",
+                      help="cap on candidate runs per stream (default: n_max of the config)")
+    live.add_argument("--max-cost-usd", type=float, metavar="X",
+                      help="stop when the runs' reported cost reaches X dollars")
+    live.add_argument("--max-seconds", type=float, metavar="T",
+                      help="stop after T seconds of wall time (default: t_max_seconds)")
+    live.add_argument("--jobs", type=int, default=1, metavar="K",
+                      help="runs in flight at once (default 1)")
+    live.add_argument("--loop", action="store_true",
+                      help="COMMAND loops: it reads 'run <scenario> <index>' lines on stdin "
+                           "and prints 'done' after each run")
+    live.add_argument("--theta", type=float, metavar="P",
+                      help="pass rate the SPRT must keep (default: the baseline's)")
+    live.add_argument("--no-warm-start", action="store_true",
+                      help="start the SPRT cold instead of from the baseline's runs")
     p.add_argument("--config", metavar="FILE", help="gate config YAML (alpha, beta, delta, "
                    "theta, c_min, n_max, test, behaviour_shift, contracts, ...)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
@@ -82,7 +107,14 @@ def run(args: argparse.Namespace) -> int:
     from assaywatch.monitor.commands._common import check_files, load_runs, usage_error
     from assaywatch.monitor.offline.gate import decide
 
+    if bool(args.candidate) == bool(args.run):
+        raise usage_error("give exactly one of --candidate FILES... (recorded spans) or "
+                          "--run COMMAND (live gate)")
     check_files(args.baseline, "baseline file")
+    if args.run:
+        from assaywatch.monitor.live.command import run_live
+
+        return run_live(args)
     check_files(args.candidate, "candidate file")
     policy = load_policy(args.config)
     baselines, bstats = baselines_from_inputs(args.baseline, args.strict, policy)

@@ -1,0 +1,1 @@
+"""The live gate: run the candidate until the verdict is decided (``gate --run``)."""

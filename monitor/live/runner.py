@@ -1,0 +1,353 @@
+"""Run the candidate until the verdict is decided: ``assaywatch gate --run COMMAND``.
+
+Two ways to run COMMAND (a shell command line):
+
+**One run per invocation** (default). COMMAND is started once per wanted run with
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` pointing at the gate's
+embedded receiver, ``ASSAYWATCH_SCENARIO`` (the scenario wanted; runs that carry no
+scenario of their own are filed under it), ``ASSAYWATCH_RUN_INDEX`` and
+``ASSAYWATCH_LIVE=1``. An agent using ``import assaywatch.auto`` needs no change: the SDK
+exports its spans when the process exits.
+
+**Looping** (``--loop``). COMMAND is started once per job with ``ASSAYWATCH_LOOP=1`` and
+reads requests on stdin, one line per wanted run: ``run <scenario> <index>``. For each it
+performs one run, flushes its spans (``trace.get_tracer_provider().force_flush()``) and
+prints a line ``done`` on stdout. End of stdin means no more runs are wanted. Process
+start-up (imports, model clients) is then paid once, not per run.
+
+Scheduling: scenarios are served round robin among those still undecided, so a slow
+scenario does not starve the others; ``--jobs K`` keeps K runs in flight. Runs that finish
+after their stream decided are counted as spent but not used. A candidate that exits
+non-zero without a run counts as one failed run of its scenario, with the exit code kept
+in the report; Ctrl-C stops dispatching, ends the children and reports what was gathered
+(undecided streams are Inconclusive: manual review, exit 2).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from assaywatch.analyzers.baseline import Baseline
+from assaywatch.analyzers.fingerprint import fingerprint
+from assaywatch.analyzers.model import Outcome, Run, StreamKey
+from assaywatch.monitor.live.receiver import LiveCollector, invocation_env
+from assaywatch.monitor.live.sequential import LiveConfig, StreamTest
+from assaywatch.monitor.offline.gate import match_baseline
+
+logger = logging.getLogger(__name__)
+
+#: Consecutive error-free invocations without spans after which the gate gives up.
+MAX_SILENT = 3
+#: Seconds to wait for the spans of an invocation that exited cleanly.
+SPAN_WAIT_S = 3.0
+
+
+class LiveUsageError(Exception):
+    """The candidate cannot be gated as configured (no spans, no baseline): exit 3."""
+
+
+@dataclass
+class Caps:
+    """Budget caps: runs per stream (None: the gate policy's n_max), money, wall time."""
+
+    max_runs: int | None = None
+    max_cost_usd: float | None = None
+    max_seconds: float | None = None
+
+
+@dataclass
+class Stream:
+    """One baseline stream's live state."""
+
+    baseline: Baseline | None
+    key: StreamKey
+    test: StreamTest | None = None
+    runs: list[Run] = field(default_factory=list)
+    crashes: int = 0
+
+
+@dataclass
+class Spend:
+    invocations: int = 0
+    runs: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    crashed: list[tuple[str, int | None]] = field(default_factory=list)
+    unattributed: int = 0
+    stopped: str = ""
+
+
+class LiveGate:
+    """The live gate loop (module docstring); :meth:`run` returns the streams' state."""
+
+    def __init__(self, baselines: Sequence[Baseline], command: str, scenarios: Sequence[str],
+                 config: LiveConfig, caps: Caps, jobs: int = 1, loop: bool = False,
+                 collector: LiveCollector | None = None, env: dict[str, str] | None = None,
+                 ) -> None:
+        if jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {jobs}")
+        self.command = command
+        self.scenarios = list(scenarios)
+        self.config = config
+        self.caps = caps
+        self.jobs = jobs
+        self.loop = loop
+        self.collector = collector if collector is not None else LiveCollector()
+        self.env = dict(os.environ if env is None else env)
+        self.by_key = {b.key: b for b in baselines}
+        self.streams: dict[StreamKey, Stream] = {
+            b.key: Stream(b, b.key) for b in baselines if b.key.scenario in self.scenarios}
+        if not self.streams:
+            held = ", ".join(sorted({b.key.scenario or "-" for b in baselines}))
+            raise LiveUsageError(
+                f"no baseline stream has scenario {', '.join(map(repr, self.scenarios))}; "
+                f"the baseline holds {held}")
+        self.spend = Spend()
+        self._lock = threading.Condition()
+        self._rr = itertools.cycle(self.scenarios)
+        self._in_flight: dict[str, int] = dict.fromkeys(self.scenarios, 0)
+        self._attempts: dict[str, int] = dict.fromkeys(self.scenarios, 0)
+        self._silent = 0
+        self._stop = False
+        self._error: Exception | None = None
+        self._procs: set[subprocess.Popen[str]] = set()
+        self._ids = itertools.count(1)
+        self._t0 = time.monotonic()
+        self.interrupted = False
+
+    # -- what is still wanted ---------------------------------------------------------
+    def _scenario_cap(self, scenario: str) -> int:
+        tests = [s.test for s in self.streams.values() if s.key.scenario == scenario and s.test]
+        cap = max((t.n_plan for t in tests), default=self.config.n_max)
+        return min(cap, self.config.n_max)
+
+    def _scenario_done(self, scenario: str) -> bool:
+        mine = [s for s in self.streams.values() if s.key.scenario == scenario]
+        started = [s for s in mine if s.test is not None]
+        if started and all(s.test is not None and s.test.done for s in started):
+            return True
+        return self._attempts[scenario] >= self._scenario_cap(scenario)
+
+    def _global_stop(self) -> str:
+        if self._stop:
+            return "interrupted" if self.interrupted else "stopped"
+        c = self.caps
+        if c.max_seconds is not None and time.monotonic() - self._t0 >= c.max_seconds:
+            return f"--max-seconds {c.max_seconds:g} reached"
+        if c.max_cost_usd is not None and self.spend.cost_usd >= c.max_cost_usd:
+            return f"--max-cost-usd {c.max_cost_usd:g} reached"
+        return ""
+
+    def _next(self) -> str | None:
+        """A scenario to run now, or None (nothing wanted now); caller holds the lock."""
+        if self._error is not None:
+            return None
+        why = self._global_stop()
+        if why:
+            self.spend.stopped = self.spend.stopped or why
+            return None
+        for _ in range(len(self.scenarios)):
+            sc = next(self._rr)
+            if not self._scenario_done(sc) and (
+                    self._attempts[sc] + self._in_flight[sc] < self._scenario_cap(sc)):
+                self._in_flight[sc] += 1
+                return sc
+        return None
+
+    def _finished(self) -> bool:
+        return self._error is not None or (not any(self._in_flight.values()) and (
+            bool(self._global_stop()) or all(map(self._scenario_done, self.scenarios))))
+
+    # -- recording --------------------------------------------------------------------
+    def _stream_for(self, run: Run, scenario: str) -> Stream:
+        key = run.key
+        if not key.scenario and scenario:
+            key = StreamKey(key.agent, key.version, scenario)
+            run.key = key
+        base = match_baseline(key, self.by_key)
+        skey = base.key if base is not None else StreamKey(key.agent, "", key.scenario)
+        st = self.streams.get(skey)
+        if st is None:
+            st = self.streams[skey] = Stream(base, skey)
+        if st.test is None and st.baseline is not None:
+            st.test = StreamTest(st.baseline, self.config, key.version)
+        return st
+
+    def _record(self, scenario: str, runs: list[Run], exit_code: int | None,
+                invocation: str) -> None:
+        with self._lock:
+            self._in_flight[scenario] -= 1
+            self._attempts[scenario] += max(1, len(runs))
+            self.spend.invocations += 1
+            if exit_code != 0 and not self.interrupted:
+                self.spend.crashed.append((invocation, exit_code))
+            if not runs and exit_code == 0:
+                self._silent += 1
+                if self._silent >= MAX_SILENT and self._error is None:
+                    self._error = LiveUsageError(
+                        f"{MAX_SILENT} invocations of {self.command!r} exited cleanly without "
+                        "sending a run to the gate's OTLP endpoint; does the agent import "
+                        "assaywatch.auto (or otherwise honour OTEL_EXPORTER_OTLP_ENDPOINT) "
+                        "and end its agent span before exiting?")
+            elif runs:
+                self._silent = 0
+            for run in runs:
+                self.spend.runs += 1
+                self.spend.tokens += run.total_tokens
+                self.spend.cost_usd += sum(s.cost_usd or 0.0 for s in run.steps)
+                st = self._stream_for(run, scenario)
+                st.runs.append(run)
+                if st.test is not None:
+                    fp = fingerprint(run, st.baseline.tools) if st.baseline else None
+                    known = run.outcome is not Outcome.UNKNOWN
+                    st.test.update(run.outcome is Outcome.PASS if known else None, fp)
+            if not runs and exit_code != 0 and not self.interrupted:
+                self._crash(scenario)
+            self._lock.notify_all()
+
+    def _crash(self, scenario: str) -> None:
+        """A crash without a run: one failed run of the scenario's (only) stream."""
+        mine = [s for s in self.streams.values()
+                if s.key.scenario == scenario and s.baseline is not None]
+        started = [s for s in mine if s.test is not None]
+        target = started[0] if len(started) == 1 else (mine[0] if len(mine) == 1 else None)
+        if target is None or target.baseline is None:
+            return
+        if target.test is None:
+            target.test = StreamTest(target.baseline, self.config, "")
+        target.crashes += 1
+        target.test.update(False, None)
+
+    # -- executing --------------------------------------------------------------------
+    def _spawn(self, env: dict[str, str], loop: bool) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            self.command, shell=True, env=env, text=True,
+            stdin=subprocess.PIPE if loop else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if loop else subprocess.DEVNULL)
+        with self._lock:
+            self._procs.add(proc)
+        return proc
+
+    def _reap(self, proc: subprocess.Popen[str]) -> int | None:
+        try:
+            code = proc.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+        return code
+
+    def _once(self, scenario: str) -> None:
+        inv = f"i{next(self._ids)}"
+        env = invocation_env(self.env, self.collector.endpoint, inv, scenario,
+                             self._attempts[scenario])
+        code = self._reap(self._spawn(env, loop=False))
+        runs = self.collector.take(inv, wait_s=SPAN_WAIT_S if code == 0 else 0.3)
+        self._record(scenario, runs, code, inv)
+
+    def _worker(self, slot: int) -> None:
+        proc: subprocess.Popen[str] | None = None
+        inv = ""
+        try:
+            while True:
+                with self._lock:
+                    sc = self._next()
+                    while sc is None and not self._finished():
+                        self._lock.wait(0.1)
+                        sc = self._next()
+                if sc is None:
+                    return
+                if not self.loop:
+                    self._once(sc)
+                    continue
+                if proc is None or proc.poll() is not None:
+                    inv = f"w{slot}p{next(self._ids)}"
+                    env = invocation_env(self.env, self.collector.endpoint, inv, sc, 0)
+                    env["ASSAYWATCH_LOOP"] = "1"
+                    proc = self._spawn(env, loop=True)
+                code = _request(proc, sc, self._attempts[sc])
+                if code is not None:  # the looping process died on this request
+                    self._reap(proc)
+                runs = self.collector.take(inv, wait_s=SPAN_WAIT_S if code is None else 0.3)
+                self._record(sc, runs, 0 if code is None else code, inv)
+                if code is not None:
+                    proc = None
+        except Exception as exc:  # noqa: BLE001 - reported as the gate's error
+            logger.exception("live gate worker %d failed", slot)
+            with self._lock:
+                self._error = self._error or exc
+                self._lock.notify_all()
+        finally:
+            if proc is not None:
+                _close(proc)
+                self._reap(proc)
+
+    def _terminate_children(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+
+    def run(self) -> dict[StreamKey, Stream]:
+        """Run until every scenario is decided or capped, a budget cap or Ctrl-C."""
+        if not self.collector.endpoint:
+            self.collector.start()
+        workers = [threading.Thread(target=self._worker, args=(i,), daemon=True,
+                                    name=f"live-gate-{i}") for i in range(self.jobs)]
+        try:
+            for w in workers:
+                w.start()
+            for w in workers:
+                while w.is_alive():
+                    w.join(0.1)
+        except KeyboardInterrupt:
+            with self._lock:
+                self.interrupted = self._stop = True
+                self.spend.stopped = "interrupted (Ctrl-C)"
+                self._lock.notify_all()
+            self._terminate_children()
+            for w in workers:
+                w.join(10)
+        finally:
+            self.spend.unattributed = len(self.collector.take_unattributed(flush=True))
+            self.collector.stop()
+        if self._error is not None:
+            raise self._error
+        return self.streams
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self._t0
+
+
+def _request(proc: subprocess.Popen[str], scenario: str, index: int) -> int | None:
+    """One run from a looping candidate: None when it answered ``done``, else its exit
+    code (it died)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(f"run {scenario or '-'} {index}\n")
+        proc.stdin.flush()
+    except (BrokenPipeError, OSError):
+        return proc.wait()
+    out: IO[str] = proc.stdout
+    for line in out:
+        if line.strip() == "done":
+            return None
+    return proc.wait()
+
+
+def _close(proc: subprocess.Popen[str]) -> None:
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.terminate()
