@@ -44,8 +44,8 @@ TESTS = textwrap.dedent('''
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_stoch.py").write_text(TESTS)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p",
-                           "assaywatch.instrumentation.pytest_plugin", "-p", "no:cacheprovider",
+    # the plugin is loaded through its pytest11 entry point, as in a user's project
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                            "-rA", "test_stoch.py", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
 
