@@ -42,13 +42,14 @@ from typing import Any
 import numpy as np
 
 from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
+from assaywatch.analyzers.budget import adaptive_budget
 from assaywatch.analyzers.coverage import CoverageTracker
 from assaywatch.analyzers.detectors import MEWMA, BernoulliCUSUM, FingerprintCUSUM
 from assaywatch.analyzers.fingerprint import fingerprint
 from assaywatch.analyzers.hotelling import hotelling_two_sample
 from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.sprt import WarmStartSPRT
-from assaywatch.analyzers.verdicts import regression_verdict, wilson_interval
+from assaywatch.analyzers.verdicts import regression_verdict, sample_size, wilson_interval
 from assaywatch.monitor.config import DetectorConfig
 
 logger = logging.getLogger(__name__)
@@ -319,6 +320,7 @@ class Engine:
             # the regression verdict's exact power is the costly part: refresh it at the
             # Hotelling cadence rather than on every run
             self._pass_rate_verdict(st, base)
+            self._recommend(st, base)
         events = []
         for name, evidence in fired:
             # An onset is an alarm that was not already active: a persisting change keeps
@@ -364,6 +366,23 @@ class Engine:
                     "d_eff": int(res.d_eff), "window": window,
                     "moved": dict(list(res.feature_shifts)[:5])}
         return None
+
+    def _recommend(self, st: StreamState, base: Baseline) -> None:
+        """The adaptive budget n* (SPEC 7.2): candidate runs a pre-deploy check of this
+        stream needs, the larger of the pass-rate design (Eq. 6 at the baseline's rate) and
+        the fingerprint budget calibrated on the recent window, standardised by the
+        baseline's sd, for a shift of ``fingerprint_shift`` sd."""
+        cfg = self.config
+        needs = []
+        if base.passes + base.fails:
+            p_b = _clamp_rate(base.pass_rate or 0.5, cfg.delta)
+            needs.append(sample_size(p_b, cfg.delta, cfg.alpha, cfg.beta))
+        if len(st.recent_fps) >= 10:
+            budget = adaptive_budget(np.vstack(st.recent_fps), alpha=cfg.alpha, beta=cfg.beta,
+                                     delta_min=cfg.fingerprint_shift, baseline_sd=base.sd)
+            needs.append(int(budget.n_star))
+        if needs:
+            st.recommended_trials = max(needs)
 
     def _pass_rate_verdict(self, st: StreamState, base: Baseline) -> None:
         n_c = len(st.recent_outcomes)

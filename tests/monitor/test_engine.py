@@ -125,3 +125,16 @@ def test_engine_state_survives_pickle_round_trip() -> None:
     sa, sb = eng.stream(KEY), clone.stream(KEY)
     assert sa is not None and sb is not None
     assert sa.detectors["cusum_pass_rate"].statistic == sb.detectors["cusum_pass_rate"].statistic
+
+
+def test_recommended_trials_follow_the_adaptive_budget() -> None:
+    rng = np.random.default_rng(9)
+    eng = Engine(_cfg())
+    _feed(eng, simulate_runs(150 + 40, rng, key=KEY, tool_weights=TOOLS))
+    st = eng.stream(KEY)
+    assert st is not None and st.recommended_trials is not None
+    from assaywatch.analyzers.verdicts import sample_size
+
+    # never below the pass-rate design for the baseline's rate
+    assert st.recommended_trials >= sample_size(
+        min(max(st.baseline.pass_rate, 0.11), 0.995), 0.1, 0.01, 0.1)  # type: ignore[union-attr]
