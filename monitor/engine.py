@@ -113,6 +113,8 @@ class StreamState:
     feature_shift: dict[str, float] = field(default_factory=dict)
     coverage: CoverageTracker | None = None
     recommended_trials: int | None = None
+    #: detectors that could not be built for this baseline, with the reason
+    disabled: dict[str, str] = field(default_factory=dict)
 
     def alarm_active(self, detector: str, hold: int) -> bool:
         if detector == "sprt":
@@ -228,24 +230,32 @@ class Engine:
         assert base is not None
         cfg = self.config
         share = cfg.arl0 * _ARL_SHARES
-        p0 = _clamp_rate(base.pass_rate or 0.5, cfg.delta)
         decided = base.passes + base.fails
-        dets: dict[str, Any] = {}
-        if "sprt" in cfg.detectors:
-            dets["sprt"] = self._new_sprt(st)
-        if "cusum_pass_rate" in cfg.detectors:
-            dets["cusum_pass_rate"] = BernoulliCUSUM(
-                p0=p0, delta=cfg.delta, arl0=share,
-                baseline_runs=decided or None, baseline_passes=base.passes if decided else None,
-                confidence=cfg.arl0_confidence)
         sd = np.sqrt(np.clip(np.diag(base.cov), 0.0, None))
+        makers: dict[str, Callable[[], Any]] = {}
+        if "sprt" in cfg.detectors and decided:
+            makers["sprt"] = lambda: self._new_sprt(st)
+        if "cusum_pass_rate" in cfg.detectors and decided:
+            makers["cusum_pass_rate"] = lambda: BernoulliCUSUM.from_baseline(
+                decided, base.passes, delta=cfg.delta, arl0=share,
+                confidence=cfg.arl0_confidence)
         if "cusum_fingerprint" in cfg.detectors:
-            dets["cusum_fingerprint"] = FingerprintCUSUM(
+            makers["cusum_fingerprint"] = lambda: FingerprintCUSUM(
                 mean=base.mean, sd=sd, k=cfg.fingerprint_shift / 2, arl0=share,
                 feature_names=list(base.feature_names), baseline_runs=max(3, base.n_runs),
                 confidence=cfg.arl0_confidence)
             if base.n_runs >= cfg.mewma_min_baseline:
-                dets["mewma"] = MEWMA(mean=base.mean, cov=base.cov, arl0=share)
+                makers["mewma"] = lambda: MEWMA(mean=base.mean, cov=base.cov, arl0=share)
+        dets: dict[str, Any] = {}
+        st.disabled = {}
+        for name, make in makers.items():
+            try:
+                dets[name] = make()
+            except ValueError as exc:
+                # e.g. a baseline too small or too perfect for the ARL0 target to be
+                # reachable: the stream runs without this detector and says why
+                st.disabled[name] = str(exc)
+                logger.warning("%s: detector %s disabled: %s", st.key, name, exc)
         st.detectors = dets
         st.recent_outcomes = deque(maxlen=cfg.hotelling_window)
         st.recent_fps = deque(maxlen=cfg.hotelling_window)

@@ -40,6 +40,7 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
                           if st.baseline is not None and st.alarm_active(d, hold)],
         "alarms_total": dict(st.alarms_total),
         "hotelling_p_value": st.hotelling_p,
+        "disabled_detectors": dict(getattr(st, "disabled", {})),
     }
 
 

@@ -138,3 +138,18 @@ def test_recommended_trials_follow_the_adaptive_budget() -> None:
     # never below the pass-rate design for the baseline's rate
     assert st.recommended_trials >= sample_size(
         min(max(st.baseline.pass_rate, 0.11), 0.995), 0.1, 0.01, 0.1)  # type: ignore[union-attr]
+
+
+def test_tiny_perfect_baseline_never_breaks_the_stream() -> None:
+    rng = np.random.default_rng(10)
+    eng = Engine(_cfg(learn_runs=10))
+    runs = simulate_runs(40, rng, key=KEY, tool_weights=TOOLS, pass_rate=1.0)
+    _feed(eng, runs)
+    st = eng.stream(KEY)
+    assert st is not None and st.baseline is not None and st.n_runs == 40
+    # every detector either runs or says why it cannot for this baseline
+    for name in ("sprt", "cusum_pass_rate", "cusum_fingerprint"):
+        assert name in st.detectors or name in st.disabled
+    # 10 runs cannot pin the fingerprint's mean down to the CUSUM's k: disabled, with why
+    assert "at least" in st.disabled["cusum_fingerprint"]
+    assert st.detectors["cusum_pass_rate"].n == 30
