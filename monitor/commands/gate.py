@@ -50,6 +50,15 @@ def register(sub: Any) -> None:
                       help="pass rate the SPRT must keep (default: the baseline's)")
     live.add_argument("--no-warm-start", action="store_true",
                       help="start the SPRT cold instead of from the baseline's runs")
+    live.add_argument("--proxy-run", metavar="COMMAND",
+                      help="multi-fidelity: a cheaper configuration of the candidate, run "
+                           "on the same scenario and ASSAYWATCH_TRIAL_INDEX after each target "
+                           "run (plus extra runs on fresh indices); used only when its "
+                           "measured correlation with the target makes it pay "
+                           "(monitor/live/fidelity.py)")
+    live.add_argument("--proxy-cost-ratio", type=float, metavar="X",
+                      help="proxy cost per run / target cost per run (default: measured "
+                           "from the runs' cost_usd or tokens)")
     p.add_argument("--config", metavar="FILE", help="gate config YAML (alpha, beta, delta, "
                    "theta, c_min, n_max, test, behaviour_shift, contracts, ...)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
@@ -85,7 +94,10 @@ def load_policy(path: str | None) -> Any:
         raise usage_error(str(exc)) from None
 
 
-def baselines_from_inputs(paths: list[str], strict: bool, policy: Any) -> tuple[list[Any], Any]:
+def baselines_from_inputs(paths: list[str], strict: bool, policy: Any,
+                          keep_runs: list[Any] | None = None) -> tuple[list[Any], Any]:
+    """Baselines from baseline JSON files and/or span files of the known-good version; the
+    span files' runs are appended to ``keep_runs`` when given (for trace-first checks)."""
     from assaywatch.monitor.commands._common import (
         build_baselines,
         is_baseline_file,
@@ -100,6 +112,8 @@ def baselines_from_inputs(paths: list[str], strict: bool, policy: Any) -> tuple[
     if spans:
         runs, stats = load_runs(spans, strict=strict, policy=policy)
         baselines.extend(build_baselines(runs, source=", ".join(spans)))
+        if keep_runs is not None:
+            keep_runs.extend(runs)
     return baselines, stats
 
 
@@ -110,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.candidate) == bool(args.run):
         raise usage_error("give exactly one of --candidate FILES... (recorded spans) or "
                           "--run COMMAND (live gate)")
+    if (args.proxy_run or args.proxy_cost_ratio is not None) and not args.run:
+        raise usage_error("--proxy-run and --proxy-cost-ratio need --run COMMAND")
+    if args.proxy_cost_ratio is not None and not args.proxy_cost_ratio > 0:
+        raise usage_error(f"--proxy-cost-ratio must be > 0, got {args.proxy_cost_ratio}")
     check_files(args.baseline, "baseline file")
     if args.run:
         from assaywatch.monitor.live.command import run_live
@@ -117,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
         return run_live(args)
     check_files(args.candidate, "candidate file")
     policy = load_policy(args.config)
-    baselines, bstats = baselines_from_inputs(args.baseline, args.strict, policy)
+    baseline_runs: list[Any] = []
+    baselines, bstats = baselines_from_inputs(args.baseline, args.strict, policy,
+                                              keep_runs=baseline_runs)
     if not baselines:
         raise usage_error(f"no baseline streams in {', '.join(args.baseline)}")
     runs, stats = load_runs(args.candidate, strict=args.strict, policy=policy)
@@ -125,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
               "candidate": stats.to_dict()}
     if bstats is not None:
         inputs["baseline"] = bstats.to_dict()
-    report = decide(baselines, runs, policy, inputs=inputs)
+    report = decide(baselines, runs, policy, inputs=inputs,
+                    baseline_runs=baseline_runs if bstats is not None else None)
     write_outputs(report, args)
     if not args.quiet:
         for s in report.streams:

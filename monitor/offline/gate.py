@@ -47,8 +47,8 @@ COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
 
 
 def _f(default: Any, doc: str) -> Any:
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata={"doc": doc})
+    if isinstance(default, (dict, list)):
+        return field(default_factory=type(default), metadata={"doc": doc})
     return field(default=default, metadata={"doc": doc})
 
 
@@ -71,7 +71,13 @@ class GatePolicy:
     fingerprint_alpha: float = _f(0.05, "Significance level of the Hotelling T^2 test.")
     evaluation_threshold: float = _f(0.5, "An evaluation score at or above this is a pass.")
     contracts: dict[str, Any] = _f({}, "Contract rules deciding outcomes of runs that carry "
-                                   "no evaluation (max_steps, required_tools, ...).")
+                                   "no evaluation (max_steps, required_tools, ...); also "
+                                   "checked as a trace-first test (violation rate).")
+    relations: list[Any] = _f([], "Metamorphic relations judged from the traces (format "
+                              "compliance, constraint preservation, marked pairs); see "
+                              "monitor/offline/tracefirst.py.")
+    violation_eps: float = _f(0.05, "Tolerated violation rate of a contract or relation "
+                              "when the baseline's own rate is unknown (baseline JSON).")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "gate config") -> GatePolicy:
@@ -121,9 +127,13 @@ def _rate(k: int, n: int) -> tuple[float, float, float, int]:
 
 
 def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
-           policy: GatePolicy, inputs: dict[str, Any] | None = None) -> GateReport:
+           policy: GatePolicy, inputs: dict[str, Any] | None = None,
+           baseline_runs: Sequence[Run] | None = None) -> GateReport:
+    """The gate decision; ``baseline_runs`` (when the baseline came as span files) lets the
+    trace-first checks compare violation rates with the baseline's own."""
     by_key = {b.key: b for b in baselines}
     groups: dict[StreamKey, list[Run]] = defaultdict(list)
+    candidate_runs = list(candidate_runs)
     for run in candidate_runs:
         groups[run.key].append(run)
     streams: list[StreamResult] = []
@@ -174,6 +184,7 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
     adjusted = holm([r.p_value for _, r in pr_raw] + [float(h.p_value) for _, h in fp_raw])
     _pass_rate_tests(streams, pr_raw, adjusted[:len(pr_raw)], policy)
     _fingerprint_tests(streams, fp_raw, adjusted[len(pr_raw):], policy)
+    _trace_first(streams, baseline_runs, candidate_runs, policy)
     for b in baselines:
         if b.key not in matched and not any(
                 s.agent == b.key.agent and s.scenario == b.key.scenario for s in streams):
@@ -230,6 +241,25 @@ def _fingerprint_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
         streams[i].tests.insert(pos, TestResult("fingerprint", verdict.value, stats, msg))
 
 
+TRACE_FIRST_EXEMPT = ("baseline", "pass_rate", "fingerprint", "coverage")
+
+
+def _trace_first(streams: list[StreamResult], baseline_runs: Sequence[Run] | None,
+                 candidate_runs: Sequence[Run], policy: GatePolicy) -> None:
+    """Contract and metamorphic-relation checks on the stored traces (zero token cost)."""
+    if not policy.contracts and not policy.relations:
+        return
+    from assaywatch.monitor.offline.tracefirst import relations_from_config, trace_first_by_stream
+    from assaywatch.monitor.pipeline.outcome import ContractRules
+
+    rules = ContractRules.from_dict(policy.contracts) if policy.contracts else None
+    relations = relations_from_config(policy.relations)
+    found = trace_first_by_stream(baseline_runs, candidate_runs, rules, relations, policy,
+                                  eps=policy.violation_eps)
+    for sr in streams:
+        sr.tests.extend(found.get((sr.agent, sr.scenario), []))
+
+
 def _decision(streams: list[StreamResult], policy: GatePolicy) -> tuple[str, str]:
     def find(name: str, verdict: str) -> list[str]:
         return [s.name for s in streams for t in s.tests if t.name == name and t.verdict == verdict]
@@ -239,6 +269,10 @@ def _decision(streams: list[StreamResult], policy: GatePolicy) -> tuple[str, str
     regressed = find("pass_rate", "fail")
     if regressed:
         return BLOCK, f"pass-rate regression in {', '.join(regressed)}"
+    broken = sorted({f"{s.name} ({t.name})" for s in streams for t in s.tests
+                     if t.name not in TRACE_FIRST_EXEMPT and t.verdict == "fail"})
+    if broken:
+        return BLOCK, f"contract or relation violations rose in {', '.join(broken)}"
     shifted = find("fingerprint", "fail")
     if shifted and policy.behaviour_shift == "block":
         return BLOCK, f"behaviour shift in {', '.join(shifted)} (policy: block)"
