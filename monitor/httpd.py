@@ -84,11 +84,15 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("status: " + format, *args)
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            # the client gave up (a scrape timeout): nothing to answer, nothing to log
+            self.close_connection = True
 
     def do_GET(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
