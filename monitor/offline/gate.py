@@ -193,8 +193,8 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
             sr.tests.append(TestResult("pass_rate", Verdict.INCONCLUSIVE.value, {},
                                        "the candidate has no runs for this baseline stream"))
             streams.append(sr)
-    decision, reason = _decision(streams, policy)
-    return GateReport(decision=decision, exit_code=EXIT_CODES[decision], reason=reason,
+    verdict, reason = decision(streams, policy)
+    return GateReport(decision=verdict, exit_code=EXIT_CODES[verdict], reason=reason,
                       config=policy.to_dict(), streams=streams, inputs=inputs or {})
 
 
@@ -241,7 +241,9 @@ def _fingerprint_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
         streams[i].tests.insert(pos, TestResult("fingerprint", verdict.value, stats, msg))
 
 
-TRACE_FIRST_EXEMPT = ("baseline", "pass_rate", "fingerprint", "coverage")
+#: Tests that judge the pass rate: the offline regression verdict, the live gate's SPRT.
+PASS_RATE_TESTS = ("pass_rate", "sprt")
+TRACE_FIRST_EXEMPT = ("baseline", *PASS_RATE_TESTS, "fingerprint", "coverage")
 
 
 def _trace_first(streams: list[StreamResult], baseline_runs: Sequence[Run] | None,
@@ -260,26 +262,31 @@ def _trace_first(streams: list[StreamResult], baseline_runs: Sequence[Run] | Non
         sr.tests.extend(found.get((sr.agent, sr.scenario), []))
 
 
-def _decision(streams: list[StreamResult], policy: GatePolicy) -> tuple[str, str]:
-    def find(name: str, verdict: str) -> list[str]:
-        return [s.name for s in streams for t in s.tests if t.name == name and t.verdict == verdict]
+def decision(streams: list[StreamResult], policy: GatePolicy,
+             all_passed: str = "every stream passed: no regression, no behaviour shift, "
+                               "coverage met") -> tuple[str, str]:
+    """Deploy / block / manual and why, from the streams' test results (SPEC 6.2 with the
+    policy of the module docstring); shared by the offline and the live gate."""
+    def find(names: tuple[str, ...], verdict: str) -> list[str]:
+        return sorted({s.name for s in streams for t in s.tests
+                       if t.name in names and t.verdict == verdict})
 
     if not streams:
         return MANUAL, "no candidate runs and no baseline streams to compare"
-    regressed = find("pass_rate", "fail")
+    regressed = find(PASS_RATE_TESTS, "fail")
     if regressed:
         return BLOCK, f"pass-rate regression in {', '.join(regressed)}"
     broken = sorted({f"{s.name} ({t.name})" for s in streams for t in s.tests
                      if t.name not in TRACE_FIRST_EXEMPT and t.verdict == "fail"})
     if broken:
         return BLOCK, f"contract or relation violations rose in {', '.join(broken)}"
-    shifted = find("fingerprint", "fail")
+    shifted = find(("fingerprint",), "fail")
     if shifted and policy.behaviour_shift == "block":
         return BLOCK, f"behaviour shift in {', '.join(shifted)} (policy: block)"
     reasons = []
     if shifted:
         reasons.append(f"behaviour shift without a pass-rate regression in {', '.join(shifted)}")
-    short = find("coverage", "fail")
+    short = find(("coverage",), "fail")
     if short:
         reasons.append(f"coverage below c_min in {', '.join(short)}")
     unsure = sorted({s.name for s in streams for t in s.tests if t.verdict == "inconclusive"})
@@ -287,4 +294,4 @@ def _decision(streams: list[StreamResult], policy: GatePolicy) -> tuple[str, str
         reasons.append(f"inconclusive in {', '.join(unsure)}")
     if reasons:
         return MANUAL, "; ".join(reasons)
-    return DEPLOY, "every stream passed: no regression, no behaviour shift, coverage met"
+    return DEPLOY, all_passed
