@@ -25,6 +25,7 @@ def run_live(args: argparse.Namespace) -> int:
         load_policy,
         write_outputs,
     )
+    from assaywatch.monitor.live.fidelity import FidelityConfig
     from assaywatch.monitor.live.receiver import LiveCollector
     from assaywatch.monitor.live.report import live_report
     from assaywatch.monitor.live.runner import Caps, LiveGate, LiveUsageError
@@ -61,13 +62,18 @@ def run_live(args: argparse.Namespace) -> int:
         raise usage_error(str(exc)) from None
     try:
         gate = LiveGate(baselines, args.run, scenarios, config, caps, jobs=args.jobs,
-                        loop=args.loop, collector=collector)
+                        loop=args.loop, collector=collector,
+                        proxy_command=getattr(args, "proxy_run", None),
+                        fidelity=FidelityConfig(cost_ratio=getattr(args, "proxy_cost_ratio",
+                                                                   None)))
         gate.run()
     except LiveUsageError as exc:
         collector.stop()
         raise usage_error(str(exc)) from None
     inputs = {"baseline_files": args.baseline, "command": args.run, "scenarios": scenarios,
               "endpoint": collector.endpoint}
+    if getattr(args, "proxy_run", None):
+        inputs["proxy_command"] = args.proxy_run
     report = live_report(gate, policy, inputs)
     write_outputs(report, args)
     print_report(report, quiet=args.quiet)
@@ -83,6 +89,9 @@ def print_report(report: GateReport, quiet: bool = False) -> None:
         print(f"spent {sp['runs']} runs ({sp['tokens']} tokens, {sp['seconds']:.1f} s, "
               f"{sp['failed_invocations']} failed invocations); a fixed-n design needs "
               f"{sp['fixed_n_runs']} runs (about {sp['fixed_n_tokens_estimate']} tokens)")
+        if sp.get("proxy_runs") is not None:
+            print(f"proxy: {sp['proxy_runs']} runs ({sp['proxy_tokens']} tokens); target + "
+                  f"proxy cost {sp['total_cost_ratio_to_fixed_n']} of the fixed-n design's")
         if sp.get("stopped"):
             print(f"stopped early: {sp['stopped']}", file=sys.stderr)
     print(f"gate: {report.decision.upper()} (exit {report.exit_code}): {report.reason}")

@@ -15,14 +15,15 @@ from typing import Any
 from assaywatch.analyzers.coverage import coverage
 from assaywatch.analyzers.model import Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
+from assaywatch.monitor.live.fidelity import FidelitySPRT, fidelity_result
 from assaywatch.monitor.live.runner import LiveGate, Stream
 from assaywatch.monitor.offline.gate import (
-    BLOCK,
     COVERAGE_DIMENSIONS,
     DEPLOY,
     EXIT_CODES,
     MANUAL,
     GatePolicy,
+    decision,
 )
 from assaywatch.monitor.offline.report import GateReport, StreamResult, TestResult
 
@@ -56,6 +57,8 @@ def stream_result(st: Stream, policy: GatePolicy) -> StreamResult:
         "same_version": t.same_version, "n_plan": t.n_plan, "n_fixed": t.n_fixed,
         "n_budget": t.n_budget, "stopped_by": t.stopped_by, "ignored_runs": t.ignored},
         msg))
+    if isinstance(t.sprt, FidelitySPRT):
+        sr.tests[-1] = fidelity_result(sr.tests[-1], t.sprt)
     sr.sprt_path = list(t.llr_path)
     sr.sprt_bounds = t.bounds
     fv = t.fingerprint_verdict()
@@ -79,32 +82,6 @@ def stream_result(st: Stream, policy: GatePolicy) -> StreamResult:
     return sr
 
 
-def decision(streams: list[StreamResult], policy: GatePolicy) -> tuple[str, str]:
-    def find(name: str, verdict: str) -> list[str]:
-        return [s.name for s in streams for t in s.tests if t.name == name and t.verdict == verdict]
-
-    if not streams:
-        return MANUAL, "no streams to decide"
-    regressed = find("sprt", "fail")
-    if regressed:
-        return BLOCK, f"pass-rate regression (SPRT) in {', '.join(regressed)}"
-    shifted = find("fingerprint", "fail")
-    if shifted and policy.behaviour_shift == "block":
-        return BLOCK, f"behaviour shift in {', '.join(shifted)} (policy: block)"
-    reasons = []
-    if shifted:
-        reasons.append(f"behaviour shift without a pass-rate regression in {', '.join(shifted)}")
-    short = find("coverage", "fail")
-    if short:
-        reasons.append(f"coverage below c_min in {', '.join(short)}")
-    unsure = sorted({s.name for s in streams for t in s.tests if t.verdict == "inconclusive"})
-    if unsure:
-        reasons.append(f"inconclusive in {', '.join(unsure)}")
-    if reasons:
-        return MANUAL, "; ".join(reasons)
-    return DEPLOY, "every stream passed its sequential tests and coverage"
-
-
 def spend(gate: LiveGate) -> dict[str, Any]:
     """Runs, tokens, money and time spent, beside the fixed-n design's requirement."""
     sp = gate.spend
@@ -122,12 +99,20 @@ def spend(gate: LiveGate) -> dict[str, Any]:
         "unattributed_runs": sp.unattributed, "jobs": gate.jobs, "loop": gate.loop,
         "interrupted": gate.interrupted, "stopped": sp.stopped,
     }
+    if gate.proxy_command:
+        base_cost = fixed * per_run
+        out.update({
+            "proxy_runs": sp.proxy_runs, "proxy_invocations": sp.proxy_invocations,
+            "proxy_tokens": sp.proxy_tokens, "proxy_cost_usd": round(sp.proxy_cost_usd, 6),
+            "total_cost_ratio_to_fixed_n": (round((sp.tokens + sp.proxy_tokens) / base_cost, 3)
+                                            if base_cost else None)})
     return out
 
 
 def live_report(gate: LiveGate, policy: GatePolicy, inputs: dict[str, Any]) -> GateReport:
     streams = [stream_result(st, policy) for _, st in sorted(gate.streams.items())]
-    dec, reason = decision(streams, policy)
+    dec, reason = decision(streams, policy,
+                           all_passed="every stream passed its sequential tests and coverage")
     if gate.interrupted and dec == DEPLOY:  # never deploy on a cut-short run
         dec, reason = MANUAL, "interrupted before every stream was decided"
     if gate.interrupted:

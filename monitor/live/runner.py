@@ -21,6 +21,12 @@ after their stream decided are counted as spent but not used. A candidate that e
 non-zero without a run counts as one failed run of its scenario, with the exit code kept
 in the report; Ctrl-C stops dispatching, ends the children and reports what was gathered
 (undecided streams are Inconclusive: manual review, exit 2).
+
+**Proxy** (``--proxy-run COMMAND2``, monitor/live/fidelity.py): after each target run the
+same worker runs COMMAND2 on the same scenario and index (``ASSAYWATCH_TRIAL_INDEX``, plus
+``ASSAYWATCH_PROXY=1``; looping too with ``--loop``), then the extra proxy runs on fresh
+indices that the stream's :class:`~assaywatch.monitor.live.fidelity.FidelitySPRT` asks for.
+A proxy invocation that exits non-zero without a run counts as a failed proxy run.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import IO
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.fingerprint import fingerprint
 from assaywatch.analyzers.model import Outcome, Run, StreamKey
+from assaywatch.monitor.live.fidelity import FidelityConfig, FidelitySPRT
 from assaywatch.monitor.live.receiver import LiveCollector, invocation_env
 from assaywatch.monitor.live.sequential import LiveConfig, StreamTest
 from assaywatch.monitor.offline.gate import match_baseline
@@ -83,6 +90,10 @@ class Spend:
     crashed: list[tuple[str, int | None]] = field(default_factory=list)
     unattributed: int = 0
     stopped: str = ""
+    proxy_invocations: int = 0
+    proxy_runs: int = 0
+    proxy_tokens: int = 0
+    proxy_cost_usd: float = 0.0
 
 
 class LiveGate:
@@ -91,10 +102,13 @@ class LiveGate:
     def __init__(self, baselines: Sequence[Baseline], command: str, scenarios: Sequence[str],
                  config: LiveConfig, caps: Caps, jobs: int = 1, loop: bool = False,
                  collector: LiveCollector | None = None, env: dict[str, str] | None = None,
+                 proxy_command: str | None = None, fidelity: FidelityConfig | None = None,
                  ) -> None:
         if jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {jobs}")
         self.command = command
+        self.proxy_command = proxy_command
+        self.fidelity = fidelity or FidelityConfig()
         self.scenarios = list(scenarios)
         self.config = config
         self.caps = caps
@@ -142,7 +156,8 @@ class LiveGate:
         c = self.caps
         if c.max_seconds is not None and time.monotonic() - self._t0 >= c.max_seconds:
             return f"--max-seconds {c.max_seconds:g} reached"
-        if c.max_cost_usd is not None and self.spend.cost_usd >= c.max_cost_usd:
+        if c.max_cost_usd is not None and (
+                self.spend.cost_usd + self.spend.proxy_cost_usd >= c.max_cost_usd):
             return f"--max-cost-usd {c.max_cost_usd:g} reached"
         return ""
 
@@ -178,12 +193,63 @@ class LiveGate:
         if st is None:
             st = self.streams[skey] = Stream(base, skey)
         if st.test is None and st.baseline is not None:
-            st.test = StreamTest(st.baseline, self.config, key.version)
+            st.test = self._new_test(st.baseline, key.version)
         return st
 
-    def _record(self, scenario: str, runs: list[Run], exit_code: int | None,
-                invocation: str) -> None:
+    def _new_test(self, baseline: Baseline, version: str) -> StreamTest:
+        test = StreamTest(baseline, self.config, version)
+        if self.proxy_command:
+            test.sprt = FidelitySPRT(test.sprt, self.fidelity)
+        return test
+
+    def _fidelity(self, scenario: str) -> list[FidelitySPRT]:
+        return [s.test.sprt for s in self.streams.values() if s.key.scenario == scenario
+                and s.test is not None and isinstance(s.test.sprt, FidelitySPRT)]
+
+    def _proxy_wanted(self, scenario: str) -> bool:
+        """A paired proxy run is wanted while a stream of the scenario calibrates or uses
+        the proxy (or has not started: it will calibrate)."""
+        if not self.proxy_command:
+            return False
         with self._lock:
+            mine = [s for s in self.streams.values() if s.key.scenario == scenario]
+            return any(s.test is None or (isinstance(s.test.sprt, FidelitySPRT)
+                                          and s.test.sprt.wants_proxy) for s in mine)
+
+    def _reserve_extras(self, scenario: str) -> list[tuple[FidelitySPRT, int]]:
+        with self._lock:
+            out = []
+            for fid in self._fidelity(scenario):
+                for _ in range(fid.extras_wanted() - fid.extras_pending):
+                    fid.extras_pending += 1
+                    fid.extra_index += 1
+                    out.append((fid, fid.extra_index))
+            return out
+
+    def _proxy_spend(self, runs: list[Run], code: int | None) -> bool | None:
+        """Count a proxy invocation; its outcome (crash without a run: failed)."""
+        self.spend.proxy_invocations += 1
+        for run in runs:
+            self.spend.proxy_runs += 1
+            self.spend.proxy_tokens += run.total_tokens
+            self.spend.proxy_cost_usd += sum(s.cost_usd or 0.0 for s in run.steps)
+        if not runs:
+            return False if code not in (0, None) and not self.interrupted else None
+        return None if runs[0].outcome is Outcome.UNKNOWN else runs[0].outcome is Outcome.PASS
+
+    def _record_extra(self, fid: FidelitySPRT, runs: list[Run], code: int | None) -> None:
+        with self._lock:
+            passed = self._proxy_spend(runs, code)
+            fid.extras_pending -= 1
+            if passed is not None:
+                fid.add_extra(passed)
+            self._lock.notify_all()
+
+    def _record(self, scenario: str, runs: list[Run], exit_code: int | None,
+                invocation: str,
+                proxy: tuple[list[Run], int | None] | None = None) -> None:
+        with self._lock:
+            proxy_passed = self._proxy_spend(*proxy) if proxy is not None else None
             self._in_flight[scenario] -= 1
             self._attempts[scenario] += max(1, len(runs))
             self.spend.invocations += 1
@@ -208,7 +274,17 @@ class LiveGate:
                 if st.test is not None:
                     fp = fingerprint(run, st.baseline.tools) if st.baseline else None
                     known = run.outcome is not Outcome.UNKNOWN
+                    fid = st.test.sprt if isinstance(st.test.sprt, FidelitySPRT) else None
+                    if fid is not None and proxy is not None:
+                        p_runs = proxy[0]
+                        fid.stage_pair(proxy_passed, (run, p_runs[0]) if p_runs else None)
+                        if p_runs and fp is not None and st.baseline is not None:
+                            fid.fingerprints.append((fp, fingerprint(p_runs[0],
+                                                                     st.baseline.tools)))
+                        proxy = None  # one pair per invocation
                     st.test.update(run.outcome is Outcome.PASS if known else None, fp)
+                    if fid is not None:
+                        fid.unstage()
             if not runs and exit_code != 0 and not self.interrupted:
                 self._crash(scenario)
             self._lock.notify_all()
@@ -222,14 +298,15 @@ class LiveGate:
         if target is None or target.baseline is None:
             return
         if target.test is None:
-            target.test = StreamTest(target.baseline, self.config, "")
+            target.test = self._new_test(target.baseline, "")
         target.crashes += 1
         target.test.update(False, None)
 
     # -- executing --------------------------------------------------------------------
-    def _spawn(self, env: dict[str, str], loop: bool) -> subprocess.Popen[str]:
+    def _spawn(self, env: dict[str, str], loop: bool,
+               command: str | None = None) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            self.command, shell=True, env=env, text=True,
+            command or self.command, shell=True, env=env, text=True,
             stdin=subprocess.PIPE if loop else subprocess.DEVNULL,
             stdout=subprocess.PIPE if loop else subprocess.DEVNULL)
         with self._lock:
@@ -244,17 +321,39 @@ class LiveGate:
                 self._procs.discard(proc)
         return code
 
-    def _once(self, scenario: str) -> None:
-        inv = f"i{next(self._ids)}"
-        env = invocation_env(self.env, self.collector.endpoint, inv, scenario,
-                             self._attempts[scenario])
-        code = self._reap(self._spawn(env, loop=False))
-        runs = self.collector.take(inv, wait_s=SPAN_WAIT_S if code == 0 else 0.3)
-        self._record(scenario, runs, code, inv)
+    def _env(self, inv: str, scenario: str, index: int, proxy: bool) -> dict[str, str]:
+        env = invocation_env(self.env, self.collector.endpoint, inv, scenario, index)
+        env["ASSAYWATCH_TRIAL_INDEX"] = str(index)
+        if proxy:
+            env["ASSAYWATCH_PROXY"] = "1"
+        return env
+
+    def _invoke(self, scenario: str, index: int, proxy: bool,
+                procs: dict[bool, tuple[subprocess.Popen[str], str]],
+                slot: int) -> tuple[list[Run], int | None, str]:
+        """One run of the target (or proxy) command: its runs, exit code, invocation."""
+        command = self.proxy_command if proxy else self.command
+        assert command is not None
+        if not self.loop:
+            inv = f"{'p' if proxy else 'i'}{next(self._ids)}"
+            code = self._reap(self._spawn(self._env(inv, scenario, index, proxy), False,
+                                          command))
+            return self.collector.take(inv, wait_s=SPAN_WAIT_S if code == 0 else 0.3), code, inv
+        if proxy not in procs or procs[proxy][0].poll() is not None:
+            inv = f"w{slot}{'x' if proxy else 'p'}{next(self._ids)}"
+            env = self._env(inv, scenario, 0, proxy)
+            env["ASSAYWATCH_LOOP"] = "1"
+            procs[proxy] = (self._spawn(env, True, command), inv)
+        proc, inv = procs[proxy]
+        code = _request(proc, scenario, index)
+        if code is not None:  # the looping process died on this request
+            self._reap(proc)
+            del procs[proxy]
+        runs = self.collector.take(inv, wait_s=SPAN_WAIT_S if code is None else 0.3)
+        return runs, (0 if code is None else code), inv
 
     def _worker(self, slot: int) -> None:
-        proc: subprocess.Popen[str] | None = None
-        inv = ""
+        procs: dict[bool, tuple[subprocess.Popen[str], str]] = {}
         try:
             while True:
                 with self._lock:
@@ -262,30 +361,25 @@ class LiveGate:
                     while sc is None and not self._finished():
                         self._lock.wait(0.1)
                         sc = self._next()
+                    index = self._attempts[sc] if sc is not None else 0
                 if sc is None:
                     return
-                if not self.loop:
-                    self._once(sc)
-                    continue
-                if proc is None or proc.poll() is not None:
-                    inv = f"w{slot}p{next(self._ids)}"
-                    env = invocation_env(self.env, self.collector.endpoint, inv, sc, 0)
-                    env["ASSAYWATCH_LOOP"] = "1"
-                    proc = self._spawn(env, loop=True)
-                code = _request(proc, sc, self._attempts[sc])
-                if code is not None:  # the looping process died on this request
-                    self._reap(proc)
-                runs = self.collector.take(inv, wait_s=SPAN_WAIT_S if code is None else 0.3)
-                self._record(sc, runs, 0 if code is None else code, inv)
-                if code is not None:
-                    proc = None
+                runs, code, inv = self._invoke(sc, index, False, procs, slot)
+                proxy = None
+                if runs and self._proxy_wanted(sc):
+                    p_runs, p_code, _ = self._invoke(sc, index, True, procs, slot)
+                    proxy = (p_runs, p_code)
+                self._record(sc, runs, code, inv, proxy)
+                for fid, idx in self._reserve_extras(sc):
+                    p_runs, p_code, _ = self._invoke(sc, idx, True, procs, slot)
+                    self._record_extra(fid, p_runs, p_code)
         except Exception as exc:  # noqa: BLE001 - reported as the gate's error
             logger.exception("live gate worker %d failed", slot)
             with self._lock:
                 self._error = self._error or exc
                 self._lock.notify_all()
         finally:
-            if proc is not None:
+            for proc, _ in procs.values():
                 _close(proc)
                 self._reap(proc)
 

@@ -7,6 +7,13 @@ Behaviour from the environment (set by the tests):
 ``SIM_SEED``       base seed; each run draws from (seed, scenario, run index)
 ``SIM_CRASH``      probability that an invocation exits with code 7 before any run
 ``SIM_VERSION``    agent version (default 1.0)
+``SIM_PROXY``      ``1``: run as the cheaper proxy of the same agent (``gate --proxy-run``):
+                   same steps and the same per-input draws as the target on the same
+                   (seed, scenario, index), tokens times ``SIM_PROXY_COST`` (default 0.1),
+                   and a pass decided by the target's own uniform with probability
+                   ``SIM_PROXY_CORR`` (default 0.9), by a fresh one otherwise, against
+                   ``SIM_PROXY_PASS_RATE`` (default ``SIM_PASS_RATE``): pass/fail
+                   correlation SIM_PROXY_CORR when the two pass rates are equal
 
 It runs once per invocation, or loops on ``run <scenario> <index>`` lines of stdin when the
 gate sets ``ASSAYWATCH_LOOP=1`` (the live gate's protocol, monitor/live/runner.py).
@@ -32,19 +39,27 @@ def one_run(scenario: str, index: int) -> None:
     pass_rate = float(os.environ.get("SIM_PASS_RATE", "0.9"))
     mix = [(n, float(w)) for n, _, w in
            (p.partition(":") for p in os.environ.get("SIM_TOOLS", "search:1").split(","))]
+    proxy = os.environ.get("SIM_PROXY") == "1"
+    scale = float(os.environ.get("SIM_PROXY_COST", "0.1")) if proxy else 1.0
     tracer = trace.get_tracer("sim-agent")
     with agent_run("sim-agent", version=os.environ.get("SIM_VERSION", "1.0"),
                    scenario=scenario or None) as run:
         for _ in range(rng.randint(1, 3)):
             with tracer.start_as_current_span("chat sim-model", attributes={
                     "gen_ai.operation.name": "chat", "gen_ai.request.model": "sim-model",
-                    "gen_ai.usage.input_tokens": rng.randint(200, 400),
-                    "gen_ai.usage.output_tokens": rng.randint(20, 80)}):
+                    "gen_ai.usage.input_tokens": round(rng.randint(200, 400) * scale),
+                    "gen_ai.usage.output_tokens": round(rng.randint(20, 80) * scale)}):
                 pass
             name = rng.choices([n for n, _ in mix], weights=[w for _, w in mix])[0]
             tool(name)(lambda: "x" * rng.randint(50, 150))()
         run.set_output("answer " * rng.randint(5, 15))
-        record_evaluation(passed=rng.random() < pass_rate)
+        u = rng.random()
+        if proxy:
+            own = random.Random(zlib.crc32(f"proxy/{seed}/{scenario}/{index}".encode()))
+            if own.random() >= float(os.environ.get("SIM_PROXY_CORR", "0.9")):
+                u = own.random()
+            pass_rate = float(os.environ.get("SIM_PROXY_PASS_RATE", str(pass_rate)))
+        record_evaluation(passed=u < pass_rate)
 
 
 def write_spans(path: str, n: int, scenarios: list[str]) -> None:
