@@ -9,6 +9,7 @@ become labels.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -19,13 +20,23 @@ from prometheus_client.registry import Collector
 
 import assaywatch
 from assaywatch.analyzers.model import Verdict
-from assaywatch.monitor.engine import DETECTORS, Engine, recent_pass_rate
+from assaywatch.monitor.engine import DETECTORS, Engine
 from assaywatch.monitor.spans import IngestCounters
 
 KEY_LABELS = ["agent", "version", "scenario"]
 COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
 VERDICT_TESTS = ("pass_rate", "fingerprint", "sprt")
 RECEIVERS = ("otlp_grpc", "otlp_http")
+
+
+@functools.lru_cache(maxsize=65_536)
+def _wilson95(k: int, n: int) -> tuple[float, float]:
+    """Wilson 95% interval, cached: each scrape asks for the same (k, n) pairs again
+    (frozen baselines, windows of bounded size), and scipy's binomtest costs ~0.4 ms a
+    call, which made a scrape of 1,000 streams spend most of its time here."""
+    from assaywatch.analyzers.verdicts import wilson_interval
+
+    return wilson_interval(k, n, 0.05)
 
 
 class MonitorCollector(Collector):
@@ -116,13 +127,12 @@ class MonitorCollector(Collector):
             rates: list[tuple[str, float, float, float]] = []
             decided = base.passes + base.fails
             if decided:
-                from assaywatch.analyzers.verdicts import wilson_interval
-
-                lo, hi = wilson_interval(base.passes, decided, 0.05)
+                lo, hi = _wilson95(base.passes, decided)
                 rates.append(("baseline", base.passes / decided, lo, hi))
-            recent = recent_pass_rate(st)
-            if recent is not None:
-                rates.append(("recent", *recent))
+            n_recent = len(st.recent_outcomes)
+            if n_recent:  # as recent_pass_rate(st), with the interval cached
+                k_recent = sum(st.recent_outcomes)
+                rates.append(("recent", k_recent / n_recent, *_wilson95(k_recent, n_recent)))
             for window, p, lo, hi in rates:
                 gauge("assaywatch_pass_rate", "Pass rate of the window.",
                       ["window"]).add_metric(k + [window], p)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -116,7 +117,9 @@ class MonitorProcess:
         cmd = [sys.executable, "-m", "assaywatch.monitor.cli", "monitor",
                "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
                "--metrics", "127.0.0.1:0", *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # stderr goes to a file: an unread pipe fills up under a chatty monitor and blocks it
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
                                      text=True)
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
@@ -129,8 +132,13 @@ class MonitorProcess:
                     k, _, v = part.partition("=")
                     self.addresses[k] = v
                 return self
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        raise RuntimeError(f"monitor did not start: {err[-3000:]}")
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError(f"monitor did not start: {self._read_stderr()[-3000:]}")
+
+    def _read_stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()
 
     def url(self, path: str) -> str:
         return f"http://{self.addresses['metrics']}{path}"
@@ -139,8 +147,8 @@ class MonitorProcess:
         assert self.proc is not None
         self.proc.terminate()
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        return self.proc.returncode, err
+            self.proc.communicate()
+        return self.proc.returncode, self._read_stderr()
