@@ -20,15 +20,12 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from assaywatch.monitor.otlp.http_receiver import HttpReceiver
 from assaywatch.monitor.readers import request_to_json
 from assaywatch.monitor.spans import IngestCounters, SpanRecord
+from tests.monitor.sdkspans import assert_received_exactly, sdk_spans
 
 R = "otlp_http"
 PB = {"Content-Type": "application/x-protobuf"}
@@ -53,43 +50,6 @@ class Sink:
                 return False
             self.spans.extend(spans)
             return True
-
-
-def sdk_spans(n_runs: int = 2) -> list[Any]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "agent-svc"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("assaywatch.test")
-    for i in range(n_runs):
-        with tracer.start_as_current_span("invoke_agent planner", attributes={"run": i}):
-            with tracer.start_as_current_span(
-                "chat m", kind=SpanKind.CLIENT, attributes={"gen_ai.request.model": "m"}
-            ) as chat:
-                chat.add_event("gen_ai.choice", {"index": 0})
-            with tracer.start_as_current_span("execute_tool t") as tool:
-                tool.set_status(Status(StatusCode.ERROR, "failed"))
-    provider.shutdown()
-    return list(exporter.get_finished_spans())
-
-
-def assert_received_exactly(records: list[SpanRecord], spans: list[Any]) -> None:
-    by_id = {r.span_id: r for r in records}
-    assert len(records) == len(by_id) == len(spans)
-    for s in spans:
-        r = by_id[format(s.context.span_id, "016x")]
-        assert r.trace_id == format(s.context.trace_id, "032x")
-        assert r.parent_span_id == (format(s.parent.span_id, "016x") if s.parent else "")
-        assert (r.name, r.kind, r.start_ns, r.end_ns) == (
-            s.name, s.kind.value + 1, s.start_time, s.end_time
-        )  # fmt: skip
-        assert (r.status_code, r.status_message) == (
-            s.status.status_code.value, s.status.description or ""
-        )  # fmt: skip
-        assert r.attributes == dict(s.attributes)
-        assert [(e.name, e.time_ns, e.attributes) for e in r.events] == [
-            (e.name, e.timestamp, dict(e.attributes)) for e in s.events
-        ]
-        assert r.resource == dict(s.resource.attributes)
 
 
 @pytest.fixture
