@@ -4,6 +4,7 @@ events, resource)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,3 +53,25 @@ def assert_received_exactly(records: list[SpanRecord], spans: list[Any],
         assert [(e.name, e.time_ns if event_times else 0, e.attributes) for e in r.events] == [
             (e.name, e.timestamp if event_times else 0, dict(e.attributes)) for e in s.events]
         assert r.resource == dict(s.resource.attributes)
+
+
+class RecordingSink:
+    """A SpanSink that records offered batches and refuses the first ``refuse`` offers
+    (pipeline full); it checks every offer comes from ``receiver``."""
+
+    def __init__(self, receiver: str, refuse: int = 0) -> None:
+        self.receiver = receiver
+        self.lock = threading.Lock()
+        self.refuse = refuse
+        self.offers = 0
+        self.spans: list[SpanRecord] = []
+
+    def offer(self, spans: list[SpanRecord], receiver: str) -> bool:
+        assert receiver == self.receiver
+        with self.lock:
+            self.offers += 1
+            if self.refuse > 0:
+                self.refuse -= 1
+                return False
+            self.spans.extend(spans)
+            return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,31 +15,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from assaywatch.monitor.otlp.grpc_receiver import GrpcReceiver
-from assaywatch.monitor.spans import IngestCounters, SpanRecord
-from tests.monitor.sdkspans import assert_received_exactly, sdk_spans
+from assaywatch.monitor.spans import IngestCounters
+from tests.monitor.sdkspans import RecordingSink, assert_received_exactly, sdk_spans
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 R = "otlp_grpc"
 
 
-class Sink:
-    """Records offered batches; refuses the first ``refuse`` offers (pipeline full)."""
-
+class Sink(RecordingSink):
     def __init__(self, refuse: int = 0) -> None:
-        self.lock = threading.Lock()
-        self.refuse = refuse
-        self.offers = 0
-        self.spans: list[SpanRecord] = []
-
-    def offer(self, spans: list[SpanRecord], receiver: str) -> bool:
-        assert receiver == R
-        with self.lock:
-            self.offers += 1
-            if self.refuse > 0:
-                self.refuse -= 1
-                return False
-            self.spans.extend(spans)
-            return True
+        super().__init__(R, refuse)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import gzip
 import json
 import socket
 import struct
-import threading
 import time
 import tracemalloc
 import zlib
@@ -24,32 +23,17 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from assaywatch.monitor.otlp.http_receiver import HttpReceiver
 from assaywatch.monitor.readers import request_to_json
-from assaywatch.monitor.spans import IngestCounters, SpanRecord
-from tests.monitor.sdkspans import assert_received_exactly, sdk_spans
+from assaywatch.monitor.spans import IngestCounters
+from tests.monitor.sdkspans import RecordingSink, assert_received_exactly, sdk_spans
 
 R = "otlp_http"
 PB = {"Content-Type": "application/x-protobuf"}
 JS = {"Content-Type": "application/json"}
 
 
-class Sink:
-    """Records offered batches; refuses the first ``refuse`` offers (pipeline full)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.refuse = 0
-        self.offers = 0
-        self.spans: list[SpanRecord] = []
-
-    def offer(self, spans: list[SpanRecord], receiver: str) -> bool:
-        assert receiver == R
-        with self.lock:
-            self.offers += 1
-            if self.refuse > 0:
-                self.refuse -= 1
-                return False
-            self.spans.extend(spans)
-            return True
+class Sink(RecordingSink):
+    def __init__(self, refuse: int = 0) -> None:
+        super().__init__(R, refuse)
 
 
 @pytest.fixture
