@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from assaywatch.analyzers.model import Run
+from assaywatch.analyzers.model import Action, Run
 
 #: Run attribute listing the tool-parameter boundaries a run exercised (comma-separated).
 BOUNDARY_ATTRIBUTE = "assaywatch.boundaries"
@@ -87,6 +87,11 @@ def chao1(counts: Iterable[int] | Mapping[Any, int]) -> float:
     return d + f1 * (f1 - 1) / 2.0
 
 
+#: ``Action.value`` by member: an enum's ``.value`` is a descriptor call, this a dict hit
+#: (path_key and abstract_states run on every monitored run).
+_ACTION_VALUE: dict[Action, str] = {a: a.value for a in Action}
+
+
 def step_label(action: str, tool: str) -> str:
     """``"llm"`` or ``"tool:search"``: one element of a serialised decision path."""
     return f"{action}:{tool}" if tool else action
@@ -98,7 +103,10 @@ def path_key(run: Run) -> str:
     Paths longer than ``MAX_PATH_CHARS`` are replaced by ``"#"`` + a 16-byte BLAKE2b hex
     digest, which keeps them distinct without unbounded memory.
     """
-    s = ">".join(step_label(a, t) for a, t in run.decision_path)
+    value = _ACTION_VALUE
+    s = ">".join(
+        f"{value[st.action]}:{st.tool}" if st.tool else value[st.action] for st in run.steps
+    )
     if len(s) > MAX_PATH_CHARS:
         return "#" + hashlib.blake2b(s.encode(), digest_size=16).hexdigest()
     return s
@@ -108,8 +116,9 @@ def abstract_states(run: Run) -> set[str]:
     """The run's abstract states: path transitions ``prev>cur`` (``!`` marks an error)."""
     out: set[str] = set()
     prev = "^"
+    value = _ACTION_VALUE
     for s in run.steps:
-        cur = step_label(s.action.value, s.tool or "")
+        cur = f"{value[s.action]}:{s.tool}" if s.tool else value[s.action]
         out.add(f"{prev}>{cur}{'!' if s.error else ''}")
         prev = cur
     return out

@@ -121,9 +121,9 @@ def _fill(run: Run, out: NDArray[np.float64], tool_index: dict[str, int]) -> Non
     n = len(steps)
     # The root's error counts even for a run without steps.
     any_error = run.error
-    out[3] = np.log1p(max(0, run.output_length))
-    out[13] = np.log1p(run.duration_s)
     if n == 0:
+        out[3] = np.log1p(max(0, run.output_length))
+        out[13] = np.log1p(run.duration_s)
         out[9] = 1.0 if any_error else 0.0
         return
 
@@ -169,7 +169,13 @@ def _fill(run: Run, out: NDArray[np.float64], tool_index: dict[str, int]) -> Non
         else:
             succeeded_later.add(k)
 
-    out[0] = np.log1p(n)
+    # One vectorised log1p for the five log features (numpy's array and scalar log1p agree
+    # bit for bit; five scalar ufunc calls cost more than the rest of the row).
+    logs = np.log1p(np.array([n, max(0, run.output_length), tokens, tokens / n,
+                              run.duration_s], dtype=np.float64))
+    out[0] = logs[0]
+    out[3] = logs[1]
+    out[13] = logs[4]
     out[1] = max_depth
     out[2] = len(pairs)
     out[4] = last_llm_out / out_tokens if out_tokens > 0 else 0.0
@@ -179,8 +185,8 @@ def _fill(run: Run, out: NDArray[np.float64], tool_index: dict[str, int]) -> Non
     out[8] = n_delegate / n
     out[9] = 1.0 if any_error else 0.0
     out[10] = n_rec / n_err if n_err else 0.0
-    out[11] = np.log1p(tokens)
-    out[12] = np.log1p(tokens / n)
+    out[11] = logs[2]
+    out[12] = logs[3]
     for j, c in tool_calls.items():
         out[N_FIXED + j] = c / n
 

@@ -32,6 +32,7 @@ per decision cycle (``detectors.alpha``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import Counter, deque
@@ -269,8 +270,7 @@ class Engine:
         # H0 is "as good as the baseline"; the baseline's rate is an estimate, so the SPRT
         # keeps its one-sided lower confidence bound (level arl0_confidence) rather than the
         # point estimate, which a lucky baseline would push above the agent's true rate.
-        lower = wilson_interval(base.passes, decided, 1 - cfg.arl0_confidence,
-                                sided="lower")[0] if decided else 0.5
+        lower = _wilson_lower(base.passes, decided, 1 - cfg.arl0_confidence) if decided else 0.5
         theta = _clamp_rate(lower, cfg.delta)
         same = st.baseline_origin != "previous-version"
         return WarmStartSPRT(
@@ -322,15 +322,19 @@ class Engine:
                 if mewma is not None:
                     ev["mewma"] = mewma.evidence()
                 fired.append(("cusum_fingerprint", ev))
-        if "hotelling" in cfg.detectors:
-            ev_h = self._hotelling(st)
+        due = st.monitored_runs % cfg.hotelling_every == 0
+        # The window as a matrix, built once for the Hotelling test and the budget (both
+        # run at the Hotelling cadence only).
+        window = np.array(st.recent_fps) if due and len(st.recent_fps) >= 10 else None
+        if "hotelling" in cfg.detectors and window is not None:
+            ev_h = self._hotelling(st, window)
             if ev_h is not None:
                 fired.append(("hotelling", ev_h))
-        if st.monitored_runs % cfg.hotelling_every == 0:
+        if due:
             # the regression verdict's exact power is the costly part: refresh it at the
             # Hotelling cadence rather than on every run
             self._pass_rate_verdict(st, base)
-            self._recommend(st, base)
+            self._recommend(st, base, window)
         events = []
         for name, evidence in fired:
             # An onset is an alarm that was not already active: a persisting change keeps
@@ -355,16 +359,17 @@ class Engine:
                     logger.exception("alarm sink failed")
         return events
 
-    def _hotelling(self, st: StreamState) -> dict[str, Any] | None:
+    def _hotelling(self, st: StreamState, recent: np.ndarray) -> dict[str, Any] | None:
+        """The windowed test on ``recent``, the stacked ``st.recent_fps``."""
         cfg = self.config
         base = st.baseline
         assert base is not None
-        window = len(st.recent_fps)
+        window = len(recent)
         if window < max(10, cfg.hotelling_window // 4) or st.monitored_runs % cfg.hotelling_every:
             return None
         # One test every `hotelling_every` runs: alpha per test keeps the ARL0 share.
         alpha = min(0.05, cfg.hotelling_every / (cfg.arl0 * _ARL_SHARES))
-        res = hotelling_two_sample(base.mean, base.cov, base.n_runs, np.vstack(st.recent_fps),
+        res = hotelling_two_sample(base.mean, base.cov, base.n_runs, recent,
                                    alpha=alpha, feature_names=base.feature_names)
         st.hotelling_p = float(res.p_value)
         st.fingerprint_shift = float(res.mahalanobis)
@@ -377,7 +382,7 @@ class Engine:
                     "moved": dict(list(res.feature_shifts)[:5])}
         return None
 
-    def _recommend(self, st: StreamState, base: Baseline) -> None:
+    def _recommend(self, st: StreamState, base: Baseline, recent: np.ndarray | None) -> None:
         """The adaptive budget n* (SPEC 7.2): candidate runs a pre-deploy check of this
         stream needs, the larger of the pass-rate design (Eq. 6 at the baseline's rate) and
         the fingerprint budget calibrated on the recent window, standardised by the
@@ -386,9 +391,9 @@ class Engine:
         needs = []
         if base.passes + base.fails:
             p_b = _clamp_rate(base.pass_rate or 0.5, cfg.delta)
-            needs.append(sample_size(p_b, cfg.delta, cfg.alpha, cfg.beta))
-        if len(st.recent_fps) >= 10:
-            budget = adaptive_budget(np.vstack(st.recent_fps), alpha=cfg.alpha, beta=cfg.beta,
+            needs.append(_sample_size(p_b, cfg.delta, cfg.alpha, cfg.beta))
+        if recent is not None:  # the window when it holds >= 10 runs
+            budget = adaptive_budget(recent, alpha=cfg.alpha, beta=cfg.beta,
                                      delta_min=cfg.fingerprint_shift, baseline_sd=base.sd)
             needs.append(int(budget.n_star))
         if needs:
@@ -403,6 +408,16 @@ class Engine:
         res = regression_verdict(base.passes, base.passes + base.fails, k_c, n_c,
                                  alpha=cfg.alpha, beta=cfg.beta, delta=cfg.delta)
         st.pass_rate_verdict = res.verdict
+
+
+#: Pure functions of a frozen baseline's numbers, called at every SPRT restart and every
+#: Hotelling cadence: cached (their scipy quantiles cost far more than the look-up).
+_sample_size = functools.lru_cache(maxsize=4096)(sample_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _wilson_lower(passes: int, n: int, alpha: float) -> float:
+    return float(wilson_interval(passes, n, alpha, sided="lower")[0])
 
 
 def close_order(run: Run) -> tuple[int, str]:

@@ -193,24 +193,30 @@ class Monitor:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> dict[str, str]:
         from assaywatch.monitor.httpd import StatusServer
+        from assaywatch.monitor.otlp.decode import DecodeLimits
         from assaywatch.monitor.otlp.grpc_receiver import GrpcReceiver
         from assaywatch.monitor.otlp.http_receiver import HttpReceiver
+        from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
 
         self.restore()
         self.pipeline.start()
         listen = self.config.listen
         ing = self.config.ingest
+        # Decode only the attributes the pipeline reads: the rest (message content, HTTP
+        # and framework attributes) is skipped before conversion, saving time and memory.
+        limits = DecodeLimits(keep_keys=READ_KEYS, keep_prefixes=READ_PREFIXES)
         if listen.otlp_grpc:
             host, port = parse_hostport(listen.otlp_grpc, "otlp_grpc")
             g = GrpcReceiver(self.pipeline, self.counters, host=host, port=port,
-                             max_message_bytes=ing.max_request_bytes)
+                             max_message_bytes=ing.max_request_bytes, limits=limits)
             self.addresses["otlp_grpc"] = f"{host}:{g.start()}"
             self._servers.append(g)
         if listen.otlp_http:
             host, port = parse_hostport(listen.otlp_http, "otlp_http")
             h = HttpReceiver(self.pipeline, self.counters, host=host, port=port,
                              max_body_bytes=ing.max_request_bytes,
-                             max_decompressed_bytes=ing.max_decompressed_bytes)
+                             max_decompressed_bytes=ing.max_decompressed_bytes,
+                             limits=limits)
             self.addresses["otlp_http"] = f"{host}:{h.start()}"
             self._servers.append(h)
         host, port = parse_hostport(listen.metrics, "metrics")

@@ -14,6 +14,8 @@ Every detector implements :class:`~assaywatch.analyzers.detectors.base.Detector`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from assaywatch.analyzers.detectors.base import Detector, split_arl0
 from assaywatch.analyzers.detectors.bernoulli_cusum import BernoulliCUSUM
 from assaywatch.analyzers.detectors.calibration import (
@@ -25,8 +27,10 @@ from assaywatch.analyzers.detectors.calibration import (
 )
 from assaywatch.analyzers.detectors.fingerprint_cusum import FingerprintCUSUM
 from assaywatch.analyzers.detectors.mewma import MEWMA, mewma_arl, mewma_threshold
-from assaywatch.analyzers.detectors.river_adapters import RIVER_KINDS, RiverDetector
 from assaywatch.analyzers.detectors.simulation import alarm_rate_arl, first_alarm_times
+
+if TYPE_CHECKING:
+    from assaywatch.analyzers.detectors.river_adapters import RIVER_KINDS, RiverDetector
 
 __all__ = [
     "BernoulliCUSUM",
@@ -46,3 +50,13 @@ __all__ = [
     "mewma_threshold",
     "split_arl0",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the river adapters on first use: river costs ~10 MB of RSS and the monitor
+    only needs it when a river detector is configured."""
+    if name in ("RIVER_KINDS", "RiverDetector"):
+        from assaywatch.analyzers.detectors import river_adapters
+
+        return getattr(river_adapters, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -92,12 +92,25 @@ class DecodeLimits:
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     max_attributes: int = DEFAULT_MAX_ATTRIBUTES
     max_events: int = DEFAULT_MAX_EVENTS
+    #: When set, only attributes (of spans, events and resources) whose key is in
+    #: ``keep_keys`` or starts with one of ``keep_prefixes`` are converted and kept; the
+    #: others are skipped before their value is read. The monitor's receivers set it to
+    #: the keys its normalizer reads (reading only what the pipeline needs); None (the
+    #: default) keeps every attribute, as readers and tools need.
+    keep_keys: frozenset[str] | None = None
+    keep_prefixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_value_bytes", "max_attributes", "max_events"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"DecodeLimits.{name} must be an int >= 0, got {value!r}")
+        if self.keep_keys is not None and not isinstance(self.keep_keys, frozenset):
+            raise ValueError("DecodeLimits.keep_keys must be a frozenset of attribute keys "
+                             f"or None, got {type(self.keep_keys).__name__}")
+        if not isinstance(self.keep_prefixes, tuple):
+            raise ValueError("DecodeLimits.keep_prefixes must be a tuple of key prefixes, "
+                             f"got {type(self.keep_prefixes).__name__}")
 
 
 DEFAULT_LIMITS = DecodeLimits()
@@ -187,21 +200,28 @@ def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str]) -> dict[str
         limited[LIMIT_ATTRIBUTES_DROPPED] += n - lim.max_attributes
         kvs = kvs[: lim.max_attributes]
     cap = lim.max_value_bytes
+    keep = lim.keep_keys
+    prefixes = lim.keep_prefixes
     for kv in kvs:
+        key = kv.key  # read once: each read of a upb field makes a new object
+        if keep is not None and key not in keep and not key.startswith(prefixes):
+            continue  # never read by the pipeline: skip before converting the value
         v = kv.value
         which = v.WhichOneof("value")
         # Inline the common scalar cases: this loop is the decoder's hot path.
         if which == "string_value":
             s = v.string_value
-            out[kv.key] = s if len(s) * 4 <= cap else cap_str(s, cap, limited)
+            out[key] = s if len(s) * 4 <= cap else cap_str(s, cap, limited)
         elif which == "int_value":
-            out[kv.key] = v.int_value
+            out[key] = v.int_value
         else:
-            out[kv.key] = _proto_any(v, lim, limited)
+            out[key] = _proto_any(v, lim, limited)
     return out
 
 
 # --------------------------------------------------------------------------- ids
+
+_ZERO_SPAN_ID = bytes(8)
 
 
 def check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:
@@ -277,21 +297,23 @@ def records_from_request(
                         for e in evs
                     ]
                 status = sp.status
+                # Positional (SpanRecord's field order): cheaper than keywords per span.
+                # check_ids left parent empty or 8 bytes: all zeros means no parent.
                 spans_out.append(
                     SpanRecord(
-                        trace_id=trace_id.hex(),
-                        span_id=span_id.hex(),
-                        parent_span_id=parent.hex() if any(parent) else "",
-                        name=sp.name,
-                        start_ns=sp.start_time_unix_nano,
-                        end_ns=sp.end_time_unix_nano,
-                        kind=sp.kind,
-                        status_code=status.code,
-                        status_message=status.message,
-                        attributes=_proto_attrs(sp.attributes, lim, limited),
-                        events=events,
-                        resource=resource,
-                        scope_name=scope_name,
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex() if parent and parent != _ZERO_SPAN_ID else "",
+                        sp.name,
+                        sp.start_time_unix_nano,
+                        sp.end_time_unix_nano,
+                        sp.kind,
+                        status.code,
+                        status.message,
+                        _proto_attrs(sp.attributes, lim, limited),
+                        events,
+                        resource,
+                        scope_name,
                     )
                 )
     return result

@@ -159,6 +159,12 @@ def attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str]) -> dict[str, AttrV
                 out[key] = s
                 continue
         out[key] = _any(v, lim, limited)
+    keep = lim.keep_keys
+    if keep is not None:
+        # Filtered after conversion, so a malformed value on a skipped key still rejects
+        # its span exactly as without the filter.
+        prefixes = lim.keep_prefixes
+        return {k: v for k, v in out.items() if k in keep or k.startswith(prefixes)}
     return out
 
 

@@ -103,3 +103,24 @@ MARK_SKIP = frozenset({"assaywatch.scenario", "assaywatch.evaluation.passed",
                        OUTPUT_LENGTH_KEY})
 MAX_MARKS, MAX_MARK_CHARS = 16, 256
 SERVER_KINDS = (2, 5)  # SERVER, CONSUMER: entry points whose parent may be remote
+
+#: Every attribute key the pipeline reads (span, event and resource attributes): the
+#: monitor's receivers decode only these (``DecodeLimits.keep_keys``), plus the keys
+#: starting with :data:`READ_PREFIXES`. A key read by normalize.py or runs.py must be
+#: listed here (tests/monitor/test_read_keys.py checks it on every dialect).
+READ_KEYS: frozenset[str] = frozenset({
+    "gen_ai.operation.name", "openinference.span.kind", "traceloop.span.kind",
+    "langfuse.observation.type", "llm.request.type", "mcp.method.name", "gen_ai.tool.name",
+    "gen_ai.tool.call.id", "tool.name", "traceloop.entity.name",
+    "gen_ai.transfer.target.name", "gen_ai.agent.name", "agent.name", "gen_ai.agent.version",
+    "traceloop.entity.version", "langfuse.version", "langfuse.observation.usage_details",
+    "langfuse.observation.cost_details", "gen_ai.output.messages", "output.value",
+    "output.mime_type", "error.type", "langfuse.observation.level",
+    "gen_ai.evaluation.score.label", "gen_ai.evaluation.score.value",
+    "gen_ai.evaluation.name", "gen_ai.tool.definitions", "gen_ai.completion",
+    "service.name", "service.version",
+    *MODEL_KEYS, *PROVIDER_KEYS, *INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, *COST_KEYS,
+    *SCENARIO_KEYS, *OUTPUT_CONTENT_KEYS, OUTPUT_LENGTH_KEY, *MARK_SKIP,
+})
+#: Key prefixes the pipeline reads: run marks and the flattened (indexed) output messages.
+READ_PREFIXES: tuple[str, ...] = (MARK_PREFIX, "llm.output_messages.", "gen_ai.completion.")

@@ -105,6 +105,29 @@ class NormalizedSpan:
     marks: dict[str, str] | None = None
 
 
+MAX_SHARED = 8_192
+
+
+class _Shared(dict[str | None, str | None]):
+    """Bounded table of shared strings: ``table[s]`` is the first object seen equal to s."""
+
+    def __missing__(self, s: str | None) -> str | None:
+        if len(self) < MAX_SHARED:
+            self[s] = s
+        return s
+
+
+_SHARED = _Shared()
+#: ``share(s)``: one object per distinct value for the repeated names a pending span keeps.
+#: Span names, models, providers, tools and agent names repeat across spans, yet the
+#: decoder makes a new ``str`` for each span (~60 bytes each); a pending trace holding the
+#: shared object instead keeps ~150 bytes less per span. The table is bounded
+#: (:data:`MAX_SHARED` values, first come): values past it are kept as they are, so memory
+#: stays bounded whatever the producer sends. A C-level dict look-up (no Python call on a
+#: hit), cheap enough for the hot path; ``share(None)`` is None.
+share = _SHARED.__getitem__
+
+
 def _str(v: AttrValue) -> str | None:
     if isinstance(v, str):
         return v or None
@@ -422,8 +445,9 @@ def classify(span: SpanRecord) -> NormalizedSpan:
                     marks[k] = str(mv)[:MAX_MARK_CHARS]
     return NormalizedSpan(
         kind=kind, action=ACTION_OF_KIND[kind], is_agent_span=is_agent,
-        is_entry=is_entry, tool=tool, agent_name=agent_name, agent_version=version,
-        scenario=_str(_first(attrs, SCENARIO_KEYS)), model=model, provider=provider,
+        is_entry=is_entry, tool=share(tool), agent_name=share(agent_name),
+        agent_version=share(version), scenario=share(_str(_first(attrs, SCENARIO_KEYS))),
+        model=share(model), provider=share(provider),
         input_tokens=in_tok, output_tokens=out_tok, cost_usd=cost,
         output_length=out_len if out_len is not None else out_tok, error=error,
         evaluations=tuple(evaluations),

@@ -37,7 +37,7 @@ children's usage on the container, which would count every token twice.
 from __future__ import annotations
 
 from assaywatch.analyzers.model import Action, Run, Step, StreamKey
-from assaywatch.monitor.pipeline.normalize import CONTAINER_KINDS, Kind, NormalizedSpan
+from assaywatch.monitor.pipeline.normalize import CONTAINER_KINDS, Kind, NormalizedSpan, share
 from assaywatch.monitor.pipeline.outcome import (
     DEFAULT_SCORE_THRESHOLD,
     ContractRules,
@@ -77,14 +77,16 @@ class Node:
     def __init__(self, span: SpanRecord, norm: NormalizedSpan) -> None:
         self.span_id = span.span_id
         self.parent_id = span.parent_span_id
-        self.name = span.name
+        name = share(span.name)
+        assert name is not None
+        self.name = name
         self.start_ns = span.start_ns
         self.end_ns = span.end_ns
         self.norm = norm
         res = span.resource
         sn, sv = res.get("service.name"), res.get("service.version")
-        self.service = sn if isinstance(sn, str) and sn else None
-        self.service_version = sv if isinstance(sv, str) and sv else None
+        self.service = share(sn) if isinstance(sn, str) and sn else None
+        self.service_version = share(sv) if isinstance(sv, str) and sv else None
 
 
 def _order(n: Node) -> tuple[int, str]:
