@@ -85,6 +85,7 @@ from scipy.stats import norm
 from assaywatch.analyzers.fidelity import allocation_ratio, combined_z, paired_correlation
 from assaywatch.analyzers.model import Run, Verdict
 from assaywatch.analyzers.sprt import SPRT, llr_steps
+from assaywatch.monitor.live.sequential import SPRTOutcomes
 from assaywatch.monitor.offline.report import TestResult
 
 #: Pairs before the first pays-check, and the last pair at which the proxy may start.
@@ -351,7 +352,7 @@ class FidelitySPRT(SPRT):
 
 
 @dataclass(frozen=True)
-class FidelitySimulation:
+class FidelitySimulation(SPRTOutcomes):
     """Replicates of :func:`simulate_fidelity`: ``sprt`` +1 Fail, -1 Pass, 0 undecided;
     runs spent on each side; whether the proxy was switched on."""
 
@@ -359,14 +360,6 @@ class FidelitySimulation:
     n_target: NDArray[np.int64]
     n_proxy: NDArray[np.int64]
     active: NDArray[np.bool_]
-
-    @property
-    def fail_rate(self) -> float:
-        return float(np.mean(self.sprt == 1))
-
-    @property
-    def pass_rate(self) -> float:
-        return float(np.mean(self.sprt == -1))
 
     def cost(self, kappa: float) -> NDArray[np.float64]:
         """Cost in target-run units: n_target + kappa n_proxy."""

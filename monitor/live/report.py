@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from assaywatch.analyzers.coverage import coverage
 from assaywatch.analyzers.model import Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.live.fidelity import FidelitySPRT, fidelity_result
 from assaywatch.monitor.live.runner import LiveGate, Stream
 from assaywatch.monitor.offline.gate import (
-    COVERAGE_DIMENSIONS,
     DEPLOY,
     EXIT_CODES,
     MANUAL,
     GatePolicy,
+    add_coverage_test,
     decision,
 )
 from assaywatch.monitor.offline.report import GateReport, StreamResult, TestResult
@@ -71,14 +70,7 @@ def stream_result(st: Stream, policy: GatePolicy) -> StreamResult:
             stats[f"moved_{i}"] = f
         sr.tests.append(TestResult("fingerprint", fv[0].value, stats, fv[1]))
     if st.runs:
-        cov = coverage(st.runs, base.tools)
-        sr.coverage = {d: float(getattr(cov, d)) for d in COVERAGE_DIMENSIONS}
-        ok = sr.coverage["overall"] >= policy.c_min
-        sr.tests.append(TestResult(
-            "coverage", Verdict.PASS.value if ok else Verdict.FAIL.value,
-            {**{f"coverage_{d}": v for d, v in sr.coverage.items()}, "c_min": policy.c_min},
-            f"overall coverage {sr.coverage['overall']:.3f} "
-            f"{'>=' if ok else '<'} c_min {policy.c_min}"))
+        add_coverage_test(sr, st.runs, base.tools, policy.c_min)
     return sr
 
 

@@ -276,8 +276,22 @@ class StreamTest:
                               f"{self.detector.statistic:.2f} < h {self.detector.threshold:.2f})")
 
 
+class SPRTOutcomes:
+    """Rates of the SPRT decisions ``sprt`` (+1 Fail, -1 Pass, 0 undecided) of replicates."""
+
+    sprt: NDArray[np.int8]
+
+    @property
+    def fail_rate(self) -> float:
+        return float(np.mean(self.sprt == 1))
+
+    @property
+    def pass_rate(self) -> float:
+        return float(np.mean(self.sprt == -1))
+
+
 @dataclass(frozen=True)
-class Simulation:
+class Simulation(SPRTOutcomes):
     """Replicates of :func:`simulate`.
 
     ``sprt``: +1 Fail, -1 Pass, 0 undecided; ``alarm``: the fingerprint test alarmed
@@ -287,14 +301,6 @@ class Simulation:
     sprt: NDArray[np.int8]
     alarm: NDArray[np.bool_]
     n: NDArray[np.int64]
-
-    @property
-    def fail_rate(self) -> float:
-        return float(np.mean(self.sprt == 1))
-
-    @property
-    def pass_rate(self) -> float:
-        return float(np.mean(self.sprt == -1))
 
     @property
     def alarm_rate(self) -> float:

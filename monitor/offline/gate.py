@@ -170,14 +170,7 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
                                      feature_names=base.feature_names)
             fp_raw.append((len(streams) - 1, h))
             sr.feature_shifts = [(n, float(v)) for n, v in h.feature_shifts]
-        cov = coverage(runs, base.tools)
-        sr.coverage = {d: float(getattr(cov, d)) for d in COVERAGE_DIMENSIONS}
-        ok = sr.coverage["overall"] >= policy.c_min
-        sr.tests.append(TestResult(
-            "coverage", Verdict.PASS.value if ok else Verdict.FAIL.value,
-            {**{f"coverage_{d}": v for d, v in sr.coverage.items()}, "c_min": policy.c_min},
-            f"overall coverage {sr.coverage['overall']:.3f} "
-            f"{'>=' if ok else '<'} c_min {policy.c_min}"))
+        add_coverage_test(sr, runs, base.tools, policy.c_min)
     # One Holm-Bonferroni family over every test that can stop a deploy (the pass-rate and
     # the fingerprint test of every stream), so an unchanged suite is held back by a false
     # positive with probability at most alpha, however many streams and tests it has.
@@ -196,6 +189,18 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
     verdict, reason = decision(streams, policy)
     return GateReport(decision=verdict, exit_code=EXIT_CODES[verdict], reason=reason,
                       config=policy.to_dict(), streams=streams, inputs=inputs or {})
+
+
+def add_coverage_test(sr: StreamResult, runs: Sequence[Run], tools: Sequence[str],
+                      c_min: float) -> None:
+    """The candidate's coverage per dimension, and its test against ``c_min``."""
+    cov = coverage(runs, tools)
+    sr.coverage = {d: float(getattr(cov, d)) for d in COVERAGE_DIMENSIONS}
+    ok = sr.coverage["overall"] >= c_min
+    sr.tests.append(TestResult(
+        "coverage", Verdict.PASS.value if ok else Verdict.FAIL.value,
+        {**{f"coverage_{d}": v for d, v in sr.coverage.items()}, "c_min": c_min},
+        f"overall coverage {sr.coverage['overall']:.3f} {'>=' if ok else '<'} c_min {c_min}"))
 
 
 def _pass_rate_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
