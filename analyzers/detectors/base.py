@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -66,6 +67,16 @@ def _repr_value(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return repr(value.tolist())
     return repr(value)
+
+
+def feature_labels(feature_names: Sequence[str] | None, d: int) -> list[str]:
+    """Names of a detector's d features: the given ones (checked to be d), else f0..f{d-1}."""
+    if feature_names is None:
+        return [f"f{j}" for j in range(d)]
+    names = [str(n) for n in feature_names]
+    if len(names) != d:
+        raise ValueError(f"feature_names has {len(names)} names for {d} features")
+    return names
 
 
 def split_arl0(target: float, n_detectors: int) -> float:

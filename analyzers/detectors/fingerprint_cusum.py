@@ -95,7 +95,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from assaywatch.analyzers.detectors.base import Detector, split_arl0
+from assaywatch.analyzers.detectors.base import Detector, feature_labels, split_arl0
 from assaywatch.analyzers.detectors.calibration import (
     gaussian_cusum_threshold,
     gaussian_cusum_threshold_estimated,
@@ -153,14 +153,7 @@ class FingerprintCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         if not clip > k:
             raise ValueError(f"clip={clip!r} must exceed k={k!r} (math.inf disables it)")
         d = self._mean.size
-        if feature_names is None:
-            self._names = [f"f{j}" for j in range(d)]
-        else:
-            self._names = [str(n) for n in feature_names]
-            if len(self._names) != d:
-                raise ValueError(
-                    f"feature_names has {len(self._names)} names for {d} features"
-                )
+        self._names = feature_labels(feature_names, d)
         self._scale = np.maximum(sd_arr, min_sd)
         self._chart_arl0 = split_arl0(arl0, 2 * d)
         if h is None and baseline_runs is not None:

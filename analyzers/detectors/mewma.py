@@ -98,7 +98,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import optimize, stats
 
-from assaywatch.analyzers.detectors.base import Detector
+from assaywatch.analyzers.detectors.base import Detector, feature_labels
 
 __all__ = ["MEWMA", "mewma_arl", "mewma_threshold"]
 
@@ -182,11 +182,7 @@ class MEWMA(Detector):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"lam={lam!r} must lie in (0, 1], e.g. 0.1")
         if not (min_sd > 0 and 0 < eig_tol < 1):
             raise ValueError(f"need min_sd > 0 and 0 < eig_tol < 1; got {min_sd!r}, {eig_tol!r}")
-        self._names = (
-            [f"f{j}" for j in range(d)] if feature_names is None else list(feature_names)
-        )
-        if len(self._names) != d:
-            raise ValueError(f"feature_names has {len(self._names)} names for {d} features")
+        self._names = feature_labels(feature_names, d)
         c = (c + c.T) / 2.0
         self._scale = np.maximum(np.sqrt(np.clip(np.diag(c), 0.0, None)), min_sd)
         corr = c / np.outer(self._scale, self._scale)
