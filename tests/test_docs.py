@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from assaywatch.monitor import docs
+from tools import gendocs as docs
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -23,8 +23,8 @@ COMMAND_LINE = re.compile(r"^    \$ (.*)$", re.M)
 
 
 def test_generated_reference_is_current() -> None:
-    assert docs.stale() == [], "run `python -m assaywatch.monitor.docs` and commit the result"
-    res = subprocess.run(["python", "-m", "assaywatch.monitor.docs", "--check"], cwd=ROOT,
+    assert docs.stale() == [], "run `python -m tools.gendocs` and commit the result"
+    res = subprocess.run(["python", "-m", "tools.gendocs", "--check"], cwd=ROOT,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
@@ -83,11 +83,11 @@ def test_every_config_key_env_var_and_gate_option_is_in_the_reference() -> None:
 
 def test_metrics_table_covers_what_the_exporter_exposes_and_the_contract() -> None:
     from assaywatch.analyzers.model import StreamKey
+    from assaywatch.dashboards.grafana import METRIC_FAMILIES
     from assaywatch.monitor.config import DetectorConfig
-    from assaywatch.monitor.engine import Engine
-    from assaywatch.monitor.exporter import MonitorCollector
-    from assaywatch.monitor.grafana import METRIC_FAMILIES
-    from assaywatch.monitor.spans import IngestCounters
+    from assaywatch.monitor.engine.engine import Engine
+    from assaywatch.monitor.exporters.prometheus import MonitorCollector
+    from assaywatch.monitor.receivers.spans import IngestCounters
     from tests.analyzers.simagent import simulate_runs
 
     documented = {name: labels for name, _, labels, _ in docs.metric_families()}

@@ -39,7 +39,7 @@ def test_wheel_ships_every_subpackage(tmp_path: Path) -> None:
     assert "assaywatch/auto.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
-    assert "assaywatch = assaywatch.monitor.cli:main" in text
+    assert "assaywatch = assaywatch.monitor.commands.cli:main" in text
     assert "[opentelemetry_instrumentor]" in text
 
 
@@ -56,16 +56,17 @@ def test_instrumentation_import_loads_neither_monitor_nor_analyzers() -> None:
 def test_cli_version_and_help() -> None:
     import assaywatch
 
-    out = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "--version"],
+    out = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "--version"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"assaywatch {assaywatch.__version__}"
-    helptext = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "--help"],
+    helptext = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "--help"],
                               capture_output=True, text=True, check=True).stdout
     assert "monitor" in helptext
 
 
 def test_unknown_command_is_a_usage_error() -> None:
-    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "no-such-command"],
+    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli",
+                          "no-such-command"],
                          capture_output=True, text=True)
     assert res.returncode == 3
     assert "invalid choice" in res.stderr and "Traceback" not in res.stderr

@@ -9,7 +9,7 @@ from typing import Any
 
 
 def usage_error(message: str) -> Exception:
-    from assaywatch.monitor.errors import UsageError
+    from assaywatch.monitor.commands.errors import UsageError
 
     return UsageError(message)
 
@@ -31,7 +31,7 @@ def is_baseline_file(path: str) -> bool:
 
 
 def read_baselines(paths: Sequence[str]) -> list[Any]:
-    from assaywatch.analyzers.baseline import baselines_from_json
+    from assaywatch.analyzers.baseline_file import baselines_from_json
 
     out = []
     for p in paths:
@@ -49,7 +49,7 @@ def load_runs(paths: Sequence[str], *, strict: bool, policy: Any = None) -> tupl
     """Runs of span files; a strict-mode read error becomes a usage error (exit 3)."""
     from assaywatch.monitor.offline.load import load_runs as _load
     from assaywatch.monitor.pipeline.outcome import ContractRules
-    from assaywatch.monitor.readers.errors import SpanFileError
+    from assaywatch.monitor.receivers.files.errors import SpanFileError
 
     rules = None
     threshold = 0.5

@@ -43,14 +43,14 @@ def register(sub: Any) -> None:
 
 
 def build(args: argparse.Namespace) -> int:
-    from assaywatch.analyzers.baseline import baselines_to_json
+    from assaywatch.analyzers.baseline_file import baselines_to_json
     from assaywatch.monitor.commands._common import (
         build_baselines,
         check_files,
         load_runs,
         usage_error,
     )
-    from assaywatch.monitor.commands.gate import load_policy
+    from assaywatch.monitor.commands.gate_io import load_policy
 
     check_files(args.files, "span file")
     policy = load_policy(args.config)

@@ -62,7 +62,7 @@ def _fail(message: str) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from assaywatch.monitor.grafana import export_assets
+    from assaywatch.dashboards.grafana import export_assets
 
     try:
         written = export_assets(args.directory, args.source)
@@ -74,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from assaywatch.monitor.grafana import (
+    from assaywatch.dashboards.grafana import (
         GrafanaPushError,
         dashboards_dir,
         load_dashboards,

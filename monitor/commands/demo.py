@@ -2,7 +2,7 @@
 
 Everything runs in this process on loopback: a :class:`~assaywatch.monitor.service.Monitor`
 with a temporary state dir, and the simulated support agent of
-:mod:`assaywatch.monitor.demo` exporting over real OTLP/gRPC through the public
+:mod:`assaywatch.monitor.demo.agent` exporting over real OTLP/gRPC through the public
 ``assaywatch.instrumentation`` API. Precedence for the run count and the metrics address:
 flag > environment variable (:data:`DEMO_ENV_VARS`) > default.
 
@@ -34,7 +34,7 @@ DEMO_ENV_VARS = {
 
 
 def register(sub: Any) -> None:
-    from assaywatch.monitor.demo import REGRESSIONS
+    from assaywatch.monitor.demo.agent import REGRESSIONS
 
     p = sub.add_parser(
         "demo", help="run a monitor and a simulated agent with an injected regression",
@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
 
 def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> None:
     """Fill ``runs``, ``at`` and ``metrics`` from the environment and defaults, validated."""
-    from assaywatch.monitor.errors import UsageError
+    from assaywatch.monitor.commands.errors import UsageError
 
     env = os.environ if environ is None else environ
     if args.runs is None:
@@ -106,7 +106,7 @@ def _config(args: argparse.Namespace, state_dir: str, metrics: str) -> Any:
 
 
 def _start_monitor(args: argparse.Namespace, state_dir: str) -> Any:
-    from assaywatch.monitor.service import Monitor
+    from assaywatch.monitor.service.monitor import Monitor
 
     mon = Monitor(_config(args, state_dir, args.metrics))
     try:
@@ -123,7 +123,7 @@ class _AlarmLogFilter(logging.Filter):
     """Drop the service's own alarm lines: the view reports every alarm already."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == "assaywatch.monitor.service"
+        return not (record.name == "assaywatch.monitor.service.monitor"
                     and str(record.msg).startswith("alarm "))
 
 
@@ -151,8 +151,8 @@ def _run(args: argparse.Namespace, state_dir: str) -> int:
     from rich.console import Console
 
     from assaywatch.instrumentation import instrument
-    from assaywatch.monitor.demo import SupportAgent, regressed
-    from assaywatch.monitor.demo_view import DemoView
+    from assaywatch.monitor.demo.agent import SupportAgent, regressed
+    from assaywatch.monitor.demo.view import DemoView
 
     handler = _configure_logging()
     console = Console()

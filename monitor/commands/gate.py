@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -71,54 +70,13 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def load_policy(path: str | None) -> Any:
-    from assaywatch.monitor.commands._common import usage_error
-    from assaywatch.monitor.offline.gate import GatePolicy
-
-    if not path:
-        return GatePolicy()
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise usage_error(f"cannot read gate config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise usage_error(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise usage_error(f"{path}: the top level must be a mapping of options")
-    try:
-        return GatePolicy.from_mapping(data, where=path)
-    except (ValueError, TypeError) as exc:
-        raise usage_error(str(exc)) from None
-
-
-def baselines_from_inputs(paths: list[str], strict: bool, policy: Any,
-                          keep_runs: list[Any] | None = None) -> tuple[list[Any], Any]:
-    """Baselines from baseline JSON files and/or span files of the known-good version; the
-    span files' runs are appended to ``keep_runs`` when given (for trace-first checks)."""
-    from assaywatch.monitor.commands._common import (
-        build_baselines,
-        is_baseline_file,
-        load_runs,
-        read_baselines,
-    )
-
-    files = [p for p in paths if is_baseline_file(p)]
-    spans = [p for p in paths if p not in files]
-    baselines = read_baselines(files)
-    stats = None
-    if spans:
-        runs, stats = load_runs(spans, strict=strict, policy=policy)
-        baselines.extend(build_baselines(runs, source=", ".join(spans)))
-        if keep_runs is not None:
-            keep_runs.extend(runs)
-    return baselines, stats
-
-
 def run(args: argparse.Namespace) -> int:
     from assaywatch.monitor.commands._common import check_files, load_runs, usage_error
+    from assaywatch.monitor.commands.gate_io import (
+        baselines_from_inputs,
+        load_policy,
+        write_outputs,
+    )
     from assaywatch.monitor.offline.gate import decide
 
     if bool(args.candidate) == bool(args.run):
@@ -130,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise usage_error(f"--proxy-cost-ratio must be > 0, got {args.proxy_cost_ratio}")
     check_files(args.baseline, "baseline file")
     if args.run:
-        from assaywatch.monitor.live.command import run_live
+        from assaywatch.monitor.commands.gate_live import run_live
 
         return run_live(args)
     check_files(args.candidate, "candidate file")
@@ -157,25 +115,3 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     print(f"gate: {report.decision.upper()} (exit {report.exit_code}): {report.reason}")
     return int(report.exit_code)
-
-
-def write_outputs(report: Any, args: argparse.Namespace) -> None:
-    from assaywatch.monitor.commands._common import usage_error
-
-    try:
-        if args.junit:
-            from assaywatch.monitor.offline.junit import write_junit
-
-            write_junit(report, args.junit)
-        if args.report:
-            from assaywatch.monitor.offline.html_report import write_html
-
-            write_html(report, args.report)
-        if args.markdown:
-            from assaywatch.monitor.offline.markdown import markdown_summary
-
-            with open(args.markdown, "a" if os.path.exists(args.markdown) else "w",
-                      encoding="utf-8") as fh:
-                fh.write(markdown_summary(report) + "\n")
-    except OSError as exc:
-        raise usage_error(f"cannot write {exc.filename}: {exc.strerror}") from None

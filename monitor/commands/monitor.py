@@ -41,8 +41,8 @@ def register(sub: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Any:
+    from assaywatch.monitor.commands.errors import UsageError
     from assaywatch.monitor.config import ConfigError, MonitorConfig, parse_hostport
-    from assaywatch.monitor.errors import UsageError
 
     try:
         cfg = MonitorConfig.load(args.config) if args.config else MonitorConfig()
@@ -71,8 +71,8 @@ def load_config(args: argparse.Namespace) -> Any:
 
 
 def load_baselines(paths: list[str]) -> list[Any]:
-    from assaywatch.analyzers.baseline import baselines_from_json
-    from assaywatch.monitor.errors import UsageError
+    from assaywatch.analyzers.baseline_file import baselines_from_json
+    from assaywatch.monitor.commands.errors import UsageError
 
     out = []
     for path in paths:
@@ -87,7 +87,7 @@ def load_baselines(paths: list[str]) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from assaywatch.monitor.service import Monitor
+    from assaywatch.monitor.service.monitor import Monitor
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         addresses = monitor.start()
     except OSError as exc:
-        from assaywatch.monitor.errors import UsageError
+        from assaywatch.monitor.commands.errors import UsageError
 
         monitor.stop()
         raise UsageError(f"cannot listen: {exc}; pick another HOST:PORT") from None

@@ -49,12 +49,12 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from assaywatch.monitor.commands._common import check_files, is_baseline_file, usage_error
-    from assaywatch.monitor.commands.gate import load_policy
+    from assaywatch.monitor.commands.gate_io import load_policy
     from assaywatch.monitor.config import ConfigError, MonitorConfig
     from assaywatch.monitor.offline.load import load_runs
     from assaywatch.monitor.offline.mutate import mutation_test
     from assaywatch.monitor.pipeline.outcome import ContractRules
-    from assaywatch.monitor.readers.errors import SpanFileError
+    from assaywatch.monitor.receivers.files.errors import SpanFileError
 
     check_files(args.baseline, "baseline file")
     js = [p for p in args.baseline if is_baseline_file(p)]

@@ -177,7 +177,7 @@ def _fmt(v: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from assaywatch.monitor.commands._common import check_files, load_runs, usage_error
-    from assaywatch.monitor.commands.gate import baselines_from_inputs, load_policy
+    from assaywatch.monitor.commands.gate_io import baselines_from_inputs, load_policy
 
     check_files(args.baseline, "baseline file")
     if not args.shift > 0:

@@ -82,9 +82,18 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import norm
 
-from assaywatch.analyzers.fidelity import allocation_ratio, combined_z, paired_correlation
+from assaywatch.analyzers.fidelity import combined_z, paired_correlation
 from assaywatch.analyzers.model import Run, Verdict
 from assaywatch.analyzers.sprt import SPRT, llr_steps
+from assaywatch.monitor.live.fidelity_evidence import (
+    Evidence,
+    FArr,
+    choose_ratio,
+    evidence,
+    predicted_cost,
+    sd_hat,
+    shrunk_phi,
+)
 from assaywatch.monitor.live.sequential import SPRTOutcomes
 from assaywatch.monitor.offline.report import TestResult
 
@@ -97,9 +106,6 @@ PAY_BELOW = 0.9
 SHRINK = 0.5
 #: Trial indices of extra (unpaired) proxy runs start here.
 EXTRA_INDEX_OFFSET = 500_000
-
-FArr = NDArray[np.float64]
-
 
 @dataclass(frozen=True)
 class FidelityConfig:
@@ -116,72 +122,6 @@ class FidelityConfig:
             raise ValueError(f"--proxy-cost-ratio must be > 0, got {self.cost_ratio}")
         if not 4 <= self.cal_min <= self.cal_max:
             raise ValueError(f"need 4 <= cal_min <= cal_max, got {self.cal_min}, {self.cal_max}")
-
-
-def shrunk_phi(k: FArr, s_e: FArr, s_c: FArr, s_ec: FArr, shrink: float) -> FArr:
-    """rho_u from k pairs with s_e target passes, s_c proxy passes, s_ec joint passes."""
-    a, b, c = s_ec + 0.5, s_e - s_ec + 0.5, s_c - s_ec + 0.5  # pp, pf, fp cells
-    d = k - s_e - s_c + s_ec + 0.5                              # ff cell
-    den = np.sqrt((a + b) * (c + d) * (a + c) * (b + d))
-    phi = np.clip((a * d - b * c) / den, -0.999, 0.999)
-    lb = np.tanh(np.arctanh(phi) - shrink / np.sqrt(np.maximum(k - 3.0, 1.0)))
-    out: FArr = np.where(k > 3, np.maximum(lb, 0.0), 0.0)
-    return out
-
-
-def _sd(passes: FArr, n: FArr) -> FArr:
-    p = (passes + 0.5) / (n + 1.0)
-    out: FArr = np.sqrt(p * (1.0 - p))
-    return out
-
-
-@dataclass
-class Evidence:
-    """The CV estimate and its Stouffer form (module docstring), arrays over replicates."""
-
-    p_hat: FArr
-    f: FArr
-    rho_u: FArr
-    z_target: FArr
-    z_proxy: FArr
-    corr: FArr
-    w_target: FArr
-    w_proxy: FArr
-
-    @property
-    def n_eff_factor(self) -> FArr:
-        out: FArr = 1.0 / self.f
-        return out
-
-
-def evidence(n: FArr, s_e: FArr, k: FArr, s_eP: FArr, s_cP: FArr, s_ecP: FArr, m: FArr,
-             s_cE: FArr, theta: float, shrink: float) -> Evidence:
-    """Control-variates estimate from sufficient statistics (vectorised)."""
-    rho = shrunk_phi(k, s_eP, s_cP, s_ecP, shrink)
-    sd_e, sd_c = _sd(s_e, n), _sd(s_cP + s_cE, k + m)
-    nn, kk, mm = np.maximum(n, 1.0), np.maximum(k, 1.0), np.maximum(m, 1.0)
-    frac = np.where(m > 0, k * m / (nn * (k + m)), 0.0)
-    g = rho * sd_e / sd_c * frac
-    diff = np.where(m > 0, s_cP / kk - s_cE / mm, 0.0)
-    se_d = sd_c * np.sqrt(1.0 / kk + 1.0 / mm)
-    return Evidence(p_hat=s_e / nn - g * diff, f=1.0 - rho**2 * frac, rho_u=rho,
-                    z_target=(theta - s_e / nn) * np.sqrt(nn) / sd_e, z_proxy=diff / se_d,
-                    corr=-rho * np.sqrt(frac), w_target=sd_e / np.sqrt(nn), w_proxy=g * se_d)
-
-
-def predicted_cost(rho_u: FArr, kappa: FArr, r: FArr) -> FArr:
-    """R = (1 - rho_u^2 (1 - 1/r)) (1 + r kappa): cost per unit evidence vs target alone."""
-    out: FArr = (1.0 - rho_u**2 * (1.0 - 1.0 / r)) * (1.0 + r * kappa)
-    return out
-
-
-def choose_ratio(rho_u: FArr, kappa: FArr, sd_e: FArr, sd_c: FArr) -> FArr:
-    """r = max(1, allocation_ratio(rho_u, 1, kappa, s_e^2, s_c^2)), vectorised."""
-    args = np.broadcast_arrays(rho_u, kappa, sd_e, sd_c)
-    flat = [allocation_ratio(float(r), 1.0, float(c), float(e) ** 2, float(p) ** 2)
-            for r, c, e, p in zip(*(a.ravel() for a in args), strict=True)]
-    out: FArr = np.maximum(1.0, np.array(flat, dtype=np.float64).reshape(args[0].shape))
-    return out
 
 
 def run_cost(run: Run) -> tuple[float, int]:
@@ -314,7 +254,7 @@ class FidelitySPRT(SPRT):
             return
         rho = shrunk_phi(*(np.array(float(v)) for v in (c.k, c.s_eP, c.s_cP, c.s_ecP)),
                          shrink=cfg.shrink)
-        sd_e, sd_c = _sd(np.array(float(c.s_eP)), np.array(float(c.k))), _sd(
+        sd_e, sd_c = sd_hat(np.array(float(c.s_eP)), np.array(float(c.k))), sd_hat(
             np.array(float(c.s_cP)), np.array(float(c.k)))
         r = choose_ratio(rho, np.array(self.kappa), sd_e, sd_c)
         self.predicted = float(predicted_cost(rho, np.array(self.kappa), r))
@@ -422,7 +362,7 @@ def simulate_fidelity(sprt: SPRT, n_plan: int, p_target: float, p_proxy: float, 
             i = np.flatnonzero(cal)
             rho_u = shrunk_phi(k[i], s_eP[i], s_cP[i], s_ecP[i], cfg.shrink)
             kap = np.full(i.size, kappa)
-            r = choose_ratio(rho_u, kap, _sd(s_eP[i], k[i]), _sd(s_cP[i], k[i]))
+            r = choose_ratio(rho_u, kap, sd_hat(s_eP[i], k[i]), sd_hat(s_cP[i], k[i]))
             pays = predicted_cost(rho_u, kap, r) <= cfg.pay_below
             ratio[i[pays]] = r[pays]
             mode[i[pays]] = 1

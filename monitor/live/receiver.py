@@ -16,10 +16,10 @@ import time
 from collections import defaultdict
 
 from assaywatch.analyzers.model import Run
-from assaywatch.monitor.otlp.http_receiver import HttpReceiver
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.outcome import DEFAULT_SCORE_THRESHOLD, ContractRules
-from assaywatch.monitor.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.otlp.http_receiver import HttpReceiver
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 
 #: Resource attribute naming the invocation that produced a span.
 INVOCATION_ATTRIBUTE = "assaywatch.live.invocation"

@@ -15,7 +15,8 @@ from typing import Any
 from assaywatch.analyzers.model import Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.live.fidelity import FidelitySPRT, fidelity_result
-from assaywatch.monitor.live.runner import LiveGate, Stream
+from assaywatch.monitor.live.runner import LiveGate
+from assaywatch.monitor.live.streams import Stream
 from assaywatch.monitor.offline.gate import (
     DEPLOY,
     EXIT_CODES,

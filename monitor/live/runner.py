@@ -38,15 +38,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import IO
 
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.fingerprint import fingerprint
 from assaywatch.analyzers.model import Outcome, Run, StreamKey
 from assaywatch.monitor.live.fidelity import FidelityConfig, FidelitySPRT
+from assaywatch.monitor.live.loop_protocol import close_loop, request_run
 from assaywatch.monitor.live.receiver import LiveCollector, invocation_env
 from assaywatch.monitor.live.sequential import LiveConfig, StreamTest
+from assaywatch.monitor.live.streams import Caps, LiveUsageError, Spend, Stream
 from assaywatch.monitor.offline.gate import match_baseline
 
 logger = logging.getLogger(__name__)
@@ -55,45 +55,6 @@ logger = logging.getLogger(__name__)
 MAX_SILENT = 3
 #: Seconds to wait for the spans of an invocation that exited cleanly.
 SPAN_WAIT_S = 3.0
-
-
-class LiveUsageError(Exception):
-    """The candidate cannot be gated as configured (no spans, no baseline): exit 3."""
-
-
-@dataclass
-class Caps:
-    """Budget caps: runs per stream (None: the gate policy's n_max), money, wall time."""
-
-    max_runs: int | None = None
-    max_cost_usd: float | None = None
-    max_seconds: float | None = None
-
-
-@dataclass
-class Stream:
-    """One baseline stream's live state."""
-
-    baseline: Baseline | None
-    key: StreamKey
-    test: StreamTest | None = None
-    runs: list[Run] = field(default_factory=list)
-    crashes: int = 0
-
-
-@dataclass
-class Spend:
-    invocations: int = 0
-    runs: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    crashed: list[tuple[str, int | None]] = field(default_factory=list)
-    unattributed: int = 0
-    stopped: str = ""
-    proxy_invocations: int = 0
-    proxy_runs: int = 0
-    proxy_tokens: int = 0
-    proxy_cost_usd: float = 0.0
 
 
 class LiveGate:
@@ -345,7 +306,7 @@ class LiveGate:
             env["ASSAYWATCH_LOOP"] = "1"
             procs[proxy] = (self._spawn(env, True, command), inv)
         proc, inv = procs[proxy]
-        code = _request(proc, scenario, index)
+        code = request_run(proc, scenario, index)
         if code is not None:  # the looping process died on this request
             self._reap(proc)
             del procs[proxy]
@@ -380,7 +341,7 @@ class LiveGate:
                 self._lock.notify_all()
         finally:
             for proc, _ in procs.values():
-                _close(proc)
+                close_loop(proc)
                 self._reap(proc)
 
     def _terminate_children(self) -> None:
@@ -420,28 +381,3 @@ class LiveGate:
     @property
     def seconds(self) -> float:
         return time.monotonic() - self._t0
-
-
-def _request(proc: subprocess.Popen[str], scenario: str, index: int) -> int | None:
-    """One run from a looping candidate: None when it answered ``done``, else its exit
-    code (it died)."""
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        proc.stdin.write(f"run {scenario or '-'} {index}\n")
-        proc.stdin.flush()
-    except (BrokenPipeError, OSError):
-        return proc.wait()
-    out: IO[str] = proc.stdout
-    for line in out:
-        if line.strip() == "done":
-            return None
-    return proc.wait()
-
-
-def _close(proc: subprocess.Popen[str]) -> None:
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        proc.terminate()

@@ -12,12 +12,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from assaywatch.analyzers.model import Run
-from assaywatch.monitor.engine import close_order
+from assaywatch.monitor.engine.streams import close_order
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.outcome import ContractRules
-from assaywatch.monitor.readers import read_spans
-from assaywatch.monitor.readers.errors import ReadIssue
-from assaywatch.monitor.spans import IngestCounters
+from assaywatch.monitor.receivers.files import read_spans
+from assaywatch.monitor.receivers.files.errors import ReadIssue
+from assaywatch.monitor.receivers.spans import IngestCounters
 
 #: Issues kept verbatim for the report; further ones are only counted.
 MAX_ISSUES_KEPT = 50

@@ -49,7 +49,8 @@ import numpy as np
 from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
 from assaywatch.analyzers.model import Action, Run, StreamKey
 from assaywatch.monitor.config import DetectorConfig
-from assaywatch.monitor.engine import AlarmEvent, Engine
+from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.offline.gate import GatePolicy, decide
 from assaywatch.monitor.pipeline.outcome import ContractRules, decide_outcome
 from assaywatch.monitor.pipeline.runs import REASON_KEY

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.monitor.config import MonitorConfig
-from assaywatch.monitor.engine import AlarmEvent, Engine, StreamState
+from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.engine.streams import AlarmEvent, StreamState
 from assaywatch.monitor.offline.load import LoadStats, iter_runs
 from assaywatch.monitor.pipeline.outcome import ContractRules
 

@@ -44,7 +44,7 @@ from assaywatch.analyzers.model import Run
 from assaywatch.monitor.pipeline.normalize import classify
 from assaywatch.monitor.pipeline.outcome import DEFAULT_SCORE_THRESHOLD, ContractRules
 from assaywatch.monitor.pipeline.runs import Node, build_runs
-from assaywatch.monitor.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 
 logger = logging.getLogger(__name__)
 

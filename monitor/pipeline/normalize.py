@@ -37,7 +37,6 @@ Decisions (documented because they shape the fingerprint):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -45,7 +44,6 @@ from assaywatch.analyzers.model import Action
 from assaywatch.monitor.pipeline.dialects import (
     ACTION_OF_KIND,
     CONTAINER_KINDS,
-    COST_KEYS,
     ERROR_EVENTS,
     EVALUATION_EVENT,
     INPUT_TOKEN_KEYS,
@@ -58,8 +56,6 @@ from assaywatch.monitor.pipeline.dialects import (
     MODEL_KEYS,
     OPENINFERENCE_KINDS,
     OPERATION_KINDS,
-    OUTPUT_CONTENT_KEYS,
-    OUTPUT_LENGTH_KEY,
     OUTPUT_TOKEN_KEYS,
     PROVIDER_KEYS,
     PROVIDER_RENAMES,
@@ -71,7 +67,19 @@ from assaywatch.monitor.pipeline.dialects import (
     Kind,
 )
 from assaywatch.monitor.pipeline.outcome import Evaluation
-from assaywatch.monitor.spans import STATUS_ERROR, AttrValue, SpanRecord
+from assaywatch.monitor.pipeline.values import (
+    as_int,
+    as_json,
+    as_str,
+    cost_of,
+    evaluation_of,
+    first_value,
+    output_length_of,
+    text_length,
+    tool_definitions_of,
+    usage_detail,
+)
+from assaywatch.monitor.receivers.spans import STATUS_ERROR, AttrValue, SpanRecord
 
 __all__ = ["CONTAINER_KINDS", "Kind", "NormalizedSpan", "classify", "text_length"]
 
@@ -128,186 +136,6 @@ _SHARED = _Shared()
 share = _SHARED.__getitem__
 
 
-def _str(v: AttrValue) -> str | None:
-    if isinstance(v, str):
-        return v or None
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int | float):
-        return str(v)
-    return None
-
-
-def _int(v: object) -> int:
-    if isinstance(v, bool) or v is None:
-        return 0
-    if isinstance(v, int):
-        return max(v, 0)
-    try:
-        return max(int(float(v)), 0)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return 0
-
-
-def _float(v: object) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        f = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return f if f == f else None  # NaN is no value
-
-
-def _first(attrs: Mapping[str, AttrValue], keys: tuple[str, ...]) -> AttrValue:
-    for k in keys:
-        v = attrs.get(k)
-        if v is not None and v != "":
-            return v
-    return None
-
-
-def _json(v: AttrValue) -> object:
-    """A JSON string's value, a structured value as is; a plain string stays a string."""
-    if isinstance(v, str) and v[:1] in ("{", "[", '"'):
-        try:
-            return json.loads(v)
-        except ValueError:
-            return v
-    return v
-
-
-def text_length(value: object, budget: int = 10_000) -> int:
-    """Characters of text in a message structure (iterative; at most ``budget`` nodes).
-
-    GenAI messages ``[{role, parts: [{type: text, content}]}]`` count their ``text`` parts
-    only (tool calls, blobs and reasoning are not the answer); ``{content}`` /
-    ``{text}`` dicts count that field; other dicts and lists count their string leaves, so
-    the same answer has the same length whichever dialect wrapped it.
-    """
-    total, stack = 0, [value]
-    while stack and budget > 0:
-        budget -= 1
-        v = stack.pop()
-        if isinstance(v, str):
-            total += len(v)
-        elif isinstance(v, dict):
-            t = v.get("type")
-            if "parts" in v:
-                stack.append(v["parts"])
-            elif t is not None and t != "text":
-                continue
-            elif "content" in v:
-                stack.append(v["content"])
-            elif "text" in v:
-                stack.append(v["text"])
-            else:
-                stack.extend(v.values())
-        elif isinstance(v, list | tuple):
-            stack.extend(v)
-        elif isinstance(v, int | float) and not isinstance(v, bool):
-            total += len(str(v))
-    return total
-
-
-def _indexed_length(attrs: Mapping[str, AttrValue], prefix: str, suffix: str) -> int | None:
-    """Sum of ``<prefix><i><suffix>`` string lengths for i = 0, 1, ... (flattened dialects)."""
-    first = attrs.get(f"{prefix}0{suffix}")
-    if first is None:
-        return None
-    total, i, v = 0, 0, first
-    while v is not None and i < 1_000:
-        total += text_length(v)
-        i += 1
-        v = attrs.get(f"{prefix}{i}{suffix}")
-    return total
-
-
-def _output_length(attrs: Mapping[str, AttrValue]) -> int | None:
-    """Output length in precedence order, or None when neither it nor content was captured.
-
-    Our own instrumentation records ``assaywatch.output.length`` with or without content
-    capture; it outranks measuring captured content.
-    """
-    v = attrs.get(OUTPUT_LENGTH_KEY)
-    if v is not None and not isinstance(v, bool) and isinstance(v, int | float | str):
-        return _int(v)
-    v = attrs.get("gen_ai.output.messages")
-    if v is not None:
-        return text_length(_json(v))
-    n = _indexed_length(attrs, "llm.output_messages.", ".message.content")
-    if n is not None:
-        return n
-    v = attrs.get("output.value")
-    if v is not None:
-        mime = attrs.get("output.mime_type")
-        return text_length(_json(v) if mime == "application/json" else v)
-    n = _indexed_length(attrs, "gen_ai.completion.", ".content")
-    if n is not None:
-        return n
-    for key in OUTPUT_CONTENT_KEYS[1:]:
-        v = attrs.get(key)
-        if v is not None:
-            return text_length(_json(v))
-    return None
-
-
-def _usage_detail(attrs: Mapping[str, AttrValue], key: str) -> int:
-    """Langfuse ``usage_details`` is a JSON object string: ``{"input": n, "output": m}``."""
-    raw = _json(attrs.get("langfuse.observation.usage_details"))
-    if isinstance(raw, dict):
-        for k in (key, f"{key}_tokens", "prompt_tokens" if key == "input" else
-                  "completion_tokens"):
-            if k in raw:
-                return _int(raw[k])
-    return 0
-
-
-def _cost(attrs: Mapping[str, AttrValue]) -> float | None:
-    v = _first(attrs, COST_KEYS)
-    if v is not None:
-        return _float(v)
-    raw = _json(attrs.get("langfuse.observation.cost_details"))
-    if isinstance(raw, dict):
-        if "total" in raw:
-            return _float(raw["total"])
-        vals = [f for f in (_float(x) for x in raw.values()) if f is not None]
-        return sum(vals) if vals else None
-    return None
-
-
-def _evaluation(attrs: Mapping[str, AttrValue]) -> Evaluation | None:
-    label = attrs.get("gen_ai.evaluation.score.label")
-    score = attrs.get("gen_ai.evaluation.score.value")
-    passed = attrs.get("assaywatch.evaluation.passed")
-    if label is None and score is None and passed is None:
-        return None
-    flag: bool | None = None
-    if isinstance(passed, bool):
-        flag = passed
-    elif isinstance(passed, str) and passed.strip().lower() in ("true", "false"):
-        flag = passed.strip().lower() == "true"
-    return Evaluation(name=_str(attrs.get("gen_ai.evaluation.name")), label=_str(label),
-                      score=_float(score), passed=flag)
-
-
-def _tool_definitions(v: AttrValue) -> tuple[str, ...]:
-    raw = _json(v)
-    if isinstance(raw, dict):
-        raw = raw.get("tools", [raw])
-    names: list[str] = []
-    if isinstance(raw, list | tuple):
-        for item in raw[:256]:
-            if isinstance(item, str):
-                item = _json(item)
-            if isinstance(item, dict):
-                fn = item.get("function")
-                name = item.get("name") or (fn.get("name") if isinstance(fn, dict) else None)
-                if isinstance(name, str) and name and name not in names:
-                    names.append(name)
-    return tuple(names)
-
-
 def _kind(span: SpanRecord, attrs: Mapping[str, AttrValue]) -> tuple[Kind, str | None]:
     """(kind, which dialect key decided it) in the precedence of the module docstring."""
     marked = False
@@ -331,15 +159,15 @@ def _kind(span: SpanRecord, attrs: Mapping[str, AttrValue]) -> tuple[Kind, str |
         kind = PROVIDER_SPAN_SUFFIXES.get(suffix)
         if kind is not None:
             return kind, "span.name"
-    if _first(attrs, MODEL_KEYS) is not None:
+    if first_value(attrs, MODEL_KEYS) is not None:
         return Kind.LLM, "model"
     return (Kind.OTHER if marked else Kind.GENERIC), None
 
 
 def _tool_name(span: SpanRecord, attrs: Mapping[str, AttrValue], by: str | None) -> str | None:
-    name = _str(_first(attrs, ("gen_ai.tool.name", "tool.name")))
+    name = as_str(first_value(attrs, ("gen_ai.tool.name", "tool.name")))
     if name is None and attrs.get("traceloop.span.kind") == "tool":
-        name = _str(attrs.get("traceloop.entity.name"))
+        name = as_str(attrs.get("traceloop.entity.name"))
     if name is None and by == "mcp.method.name":
         name = span.name.partition(" ")[2] or None
     if name is None and by in ("openinference.span.kind", "langfuse.observation.type"):
@@ -349,7 +177,7 @@ def _tool_name(span: SpanRecord, attrs: Mapping[str, AttrValue], by: str | None)
 
 def _handoff_target(span: SpanRecord, attrs: Mapping[str, AttrValue],
                     tool: str | None) -> str | None:
-    target = _str(attrs.get("gen_ai.transfer.target.name"))
+    target = as_str(attrs.get("gen_ai.transfer.target.name"))
     if target is not None:
         return target
     name = span.name
@@ -378,7 +206,7 @@ def classify(span: SpanRecord) -> NormalizedSpan:
             kind = Kind.HANDOFF
             tool = _handoff_target(span, attrs, tool)
     elif kind is Kind.HANDOFF:
-        tool = _handoff_target(span, attrs, _str(attrs.get("gen_ai.tool.name")))
+        tool = _handoff_target(span, attrs, as_str(attrs.get("gen_ai.tool.name")))
     is_agent = (kind is Kind.WORKFLOW or kind is Kind.AGENT) and (
         attrs.get("gen_ai.operation.name") != "create_agent")
     is_entry = span.kind in SERVER_KINDS
@@ -388,51 +216,51 @@ def classify(span: SpanRecord) -> NormalizedSpan:
     if may_root:  # the stream key is read from run roots only
         tl_kind = attrs.get("traceloop.span.kind")
         lf_type = attrs.get("langfuse.observation.type")
-        agent_name = _str(_first(attrs, ("gen_ai.agent.name", "agent.name")))
+        agent_name = as_str(first_value(attrs, ("gen_ai.agent.name", "agent.name")))
         if agent_name is None and kind is Kind.AGENT:
             if tl_kind == "agent":
-                agent_name = _str(attrs.get("traceloop.entity.name"))
+                agent_name = as_str(attrs.get("traceloop.entity.name"))
             elif lf_type == "agent":
                 agent_name = span.name or None  # Langfuse names agent observations after them
-        version = _str(attrs.get("gen_ai.agent.version"))
+        version = as_str(attrs.get("gen_ai.agent.version"))
         if version is None and is_agent:
             if tl_kind in ("agent", "workflow"):
-                version = _str(attrs.get("traceloop.entity.version"))
+                version = as_str(attrs.get("traceloop.entity.version"))
             elif lf_type == "agent":
-                version = _str(attrs.get("langfuse.version"))
+                version = as_str(attrs.get("langfuse.version"))
 
     provider = model = None
     in_tok = out_tok = 0
     cost: float | None = None
     out_len: int | None = None
     if kind is not Kind.GENERIC:  # HTTP/DB spans carry no usage: skip the look-ups
-        provider = _str(_first(attrs, PROVIDER_KEYS))
+        provider = as_str(first_value(attrs, PROVIDER_KEYS))
         if provider is not None:
             provider = PROVIDER_RENAMES.get(provider, provider)
-        model = _str(_first(attrs, MODEL_KEYS))
-        v = _first(attrs, INPUT_TOKEN_KEYS)
-        in_tok = _int(v) if v is not None else _usage_detail(attrs, "input")
-        v = _first(attrs, OUTPUT_TOKEN_KEYS)
-        out_tok = _int(v) if v is not None else _usage_detail(attrs, "output")
-        cost = _cost(attrs)
-        out_len = _output_length(attrs)
+        model = as_str(first_value(attrs, MODEL_KEYS))
+        v = first_value(attrs, INPUT_TOKEN_KEYS)
+        in_tok = as_int(v) if v is not None else usage_detail(attrs, "input")
+        v = first_value(attrs, OUTPUT_TOKEN_KEYS)
+        out_tok = as_int(v) if v is not None else usage_detail(attrs, "output")
+        cost = cost_of(attrs)
+        out_len = output_length_of(attrs)
 
     error = span.status_code == STATUS_ERROR or "error.type" in attrs or (
         attrs.get("langfuse.observation.level") == "ERROR")
-    ev = _evaluation(attrs)
+    ev = evaluation_of(attrs)
     evaluations = [ev] if ev is not None else []
     for event in span.events:
         name = event.name
         if name in ERROR_EVENTS:
             error = True
         elif name == EVALUATION_EVENT:
-            ev = _evaluation(event.attributes)
+            ev = evaluation_of(event.attributes)
             if ev is not None and ev not in evaluations:  # the same one as attribute + event
                 evaluations.append(ev)
         elif name == "gen_ai.content.completion" and out_len is None:  # semconv <= 1.26
             c = event.attributes.get("gen_ai.completion")
             if c is not None:
-                out_len = text_length(_json(c))
+                out_len = text_length(as_json(c))
 
     defs = attrs.get("gen_ai.tool.definitions")
     marks: dict[str, str] | None = None
@@ -446,9 +274,9 @@ def classify(span: SpanRecord) -> NormalizedSpan:
     return NormalizedSpan(
         kind=kind, action=ACTION_OF_KIND[kind], is_agent_span=is_agent,
         is_entry=is_entry, tool=share(tool), agent_name=share(agent_name),
-        agent_version=share(version), scenario=share(_str(_first(attrs, SCENARIO_KEYS))),
+        agent_version=share(version), scenario=share(as_str(first_value(attrs, SCENARIO_KEYS))),
         model=share(model), provider=share(provider),
         input_tokens=in_tok, output_tokens=out_tok, cost_usd=cost,
         output_length=out_len if out_len is not None else out_tok, error=error,
         evaluations=tuple(evaluations),
-        tool_definitions=_tool_definitions(defs) if defs is not None else (), marks=marks)
+        tool_definitions=tool_definitions_of(defs) if defs is not None else (), marks=marks)

@@ -44,7 +44,7 @@ from assaywatch.monitor.pipeline.outcome import (
     Evaluation,
     decide_outcome,
 )
-from assaywatch.monitor.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 
 #: ``Run.attributes`` key of the oracle's reason.
 REASON_KEY = "assaywatch.outcome.reason"

@@ -19,11 +19,9 @@ from assaywatch.analyzers.sprt import (
     WarmStartSPRT,
     boundaries,
     llr_steps,
-    simulate_sprt,
-    sprt_exact,
-    wald_expected_n,
     warm_start_llr,
 )
+from assaywatch.analyzers.sprt_operating import simulate_sprt, sprt_exact, wald_expected_n
 
 THETA, DELTA, ALPHA, BETA = 0.9, 0.1, 0.05, 0.1
 REPS = 20_000

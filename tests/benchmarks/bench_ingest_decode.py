@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from assaywatch.monitor.otlp import decode_json_request, decode_proto_request
-from assaywatch.monitor.readers import request_to_json
+from assaywatch.monitor.receivers.files import request_to_json
+from assaywatch.monitor.receivers.otlp import decode_json_request, decode_proto_request
 
 SPANS_PER_RUN = 9
 

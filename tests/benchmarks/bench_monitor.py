@@ -34,7 +34,7 @@ import grpc
 import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from assaywatch.monitor.otlp import decode_proto_request
+from assaywatch.monitor.receivers.otlp import decode_proto_request
 from tests.e2e.otel_agent import MonitorProcess
 from tests.e2e.rawotlp import (
     OtlpGrpc,

@@ -15,7 +15,7 @@ import tracemalloc
 
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.normalize import classify
-from assaywatch.monitor.spans import SpanRecord
+from assaywatch.monitor.receivers.spans import SpanRecord
 from tests.monitor.spanfactory import DIALECTS, SpanFactory, nine_span_agent
 
 RUNS = 2_000

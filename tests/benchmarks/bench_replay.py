@@ -39,7 +39,7 @@ def _write(dirpath: Path, name: str, n: int, seed: int,
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from assaywatch.monitor.readers import write_otlp_json_lines, write_proto_frame
+    from assaywatch.monitor.receivers.files import write_otlp_json_lines, write_proto_frame
     from tests.e2e.otel_agent import AgentBehaviour, emit_run
 
     exporter = InMemorySpanExporter()
@@ -78,7 +78,7 @@ def _peak_memory_mb(path: Path) -> tuple[float, float]:
     RSS includes the interpreter and the imported libraries; tracemalloc isolates what the
     replay allocates (started after the imports)."""
     code = ("import contextlib, io, resource, tracemalloc\n"
-            "from assaywatch.monitor.cli import main\n"
+            "from assaywatch.monitor.commands.cli import main\n"
             "import assaywatch.monitor.offline.replay, assaywatch.monitor.commands.replay\n"
             "tracemalloc.start()\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -91,8 +91,8 @@ def _peak_memory_mb(path: Path) -> tuple[float, float]:
 
 
 def main() -> None:
-    from assaywatch.monitor.cli import main as cli
     from assaywatch.monitor.commands._common import build_baselines
+    from assaywatch.monitor.commands.cli import main as cli
     from assaywatch.monitor.offline.gate import GatePolicy, decide
     from assaywatch.monitor.offline.load import load_runs
 

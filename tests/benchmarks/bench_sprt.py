@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from assaywatch.analyzers.sprt import SPRT, simulate_sprt, sprt_exact, warm_start_llr
+from assaywatch.analyzers.sprt import SPRT, warm_start_llr
+from assaywatch.analyzers.sprt_operating import simulate_sprt, sprt_exact
 from assaywatch.analyzers.verdicts import planned_sample_size, sample_size
 
 THETA, DELTA, ALPHA, BETA, N_MAX = 0.9, 0.1, 0.05, 0.1, 500

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from assaywatch.monitor.grafana import (
+from assaywatch.dashboards.alert_rules import ALERTS
+from assaywatch.dashboards.grafana import (
     METRIC_FAMILIES,
     PromQL,
     iter_panels,
@@ -157,7 +158,7 @@ def test_iter_promql_extracts_every_expression_with_variables_substituted(
     expected += sum(1 for b in boards.values() for a in b["annotations"]["list"] if "expr" in a)
     expected += sum(1 for b in boards.values() for v in b["templating"]["list"]
                     if v["type"] == "query")
-    rules = _generator().ALERTS
+    rules = ALERTS
     expected += 2 * len(rules)  # Prometheus rule + Grafana-managed rule query
     assert len(exprs) == expected
     assert not [p for p in exprs if "$" in p.expr and "$__" not in p.expr], "unsubstituted"

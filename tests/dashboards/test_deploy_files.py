@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from assaywatch.monitor.cli import build_parser
+from assaywatch.monitor.commands.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

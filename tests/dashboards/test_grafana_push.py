@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from assaywatch.monitor.cli import main
-from assaywatch.monitor.grafana import load_dashboards
+from assaywatch.dashboards.grafana import load_dashboards
+from assaywatch.monitor.commands.cli import main
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 UIDS = {"assaywatch-overview", "assaywatch-agent"}

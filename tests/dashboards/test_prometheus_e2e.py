@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 from opentelemetry.trace import get_tracer
 
-from assaywatch.monitor.grafana import METRIC_FAMILIES, iter_promql, metric_names, selectors
+from assaywatch.dashboards.grafana import METRIC_FAMILIES, iter_promql, metric_names, selectors
 from tests.e2e.otel_agent import AgentBehaviour, MonitorProcess, emit_run, make_provider
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"

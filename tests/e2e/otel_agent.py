@@ -114,7 +114,7 @@ class MonitorProcess:
         self.addresses: dict[str, str] = {}
 
     def start(self, timeout: float = 30.0) -> MonitorProcess:
-        cmd = [sys.executable, "-m", "assaywatch.monitor.cli", "monitor",
+        cmd = [sys.executable, "-m", "assaywatch.monitor.commands.cli", "monitor",
                "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
                "--metrics", "127.0.0.1:0", *self.args]
         # stderr goes to a file: an unread pipe fills up under a chatty monitor and blocks it

@@ -30,8 +30,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 from prometheus_client.parser import text_string_to_metric_families
 
-from assaywatch.monitor.readers import request_to_json
-from assaywatch.monitor.spans import AttrValue, SpanRecord
+from assaywatch.monitor.receivers.files import request_to_json
+from assaywatch.monitor.receivers.spans import AttrValue, SpanRecord
 from tests.monitor.spanfactory import Agent, Llm, SpanFactory, Tool
 
 PROTOBUF = "application/x-protobuf"

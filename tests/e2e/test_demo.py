@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from assaywatch.monitor.commands.demo import DEFAULT_RUNS, resolve
-from assaywatch.monitor.errors import UsageError
+from assaywatch.monitor.commands.errors import UsageError
 
 pytestmark = [pytest.mark.e2e]
 
@@ -42,7 +42,7 @@ def _command() -> list[str]:
     script = Path(sys.executable).with_name("assaywatch")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "assaywatch.monitor.cli"]
+    return [sys.executable, "-m", "assaywatch.monitor.commands.cli"]
 
 
 class Demo:

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from assaywatch.monitor.spans import SpanRecord
+from assaywatch.monitor.receivers.spans import SpanRecord
 from tests.e2e.otel_agent import MonitorProcess
 from tests.e2e.rawotlp import (
     JSON,

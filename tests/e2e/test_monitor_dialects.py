@@ -26,10 +26,10 @@ import pytest
 
 from assaywatch.analyzers.baseline import Baseline, build_baseline
 from assaywatch.analyzers.model import StreamKey
-from assaywatch.monitor.engine import StreamState
+from assaywatch.monitor.engine.streams import StreamState
 from assaywatch.monitor.pipeline.assemble import assemble_all
-from assaywatch.monitor.spans import SpanRecord
-from assaywatch.monitor.state import StateStore
+from assaywatch.monitor.receivers.spans import SpanRecord
+from assaywatch.monitor.service.state import StateStore
 from tests.e2e.otel_agent import MonitorProcess
 from tests.e2e.rawotlp import (
     JSON,

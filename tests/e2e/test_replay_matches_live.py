@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from assaywatch.monitor.readers import write_otlp_json_lines
+from assaywatch.monitor.receivers.files import write_otlp_json_lines
 from tests.e2e.otel_agent import AgentBehaviour, MonitorProcess, emit_run, make_provider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -84,7 +84,7 @@ def test_replay_reproduces_the_live_alarms(tmp_path: Path) -> None:
     assert code == 0, err[-2000:]
     log = state / "events.jsonl"
     live = [json.loads(line) for line in log.read_text().splitlines() if line]
-    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "replay",
+    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "replay",
                           str(spans_file), "--config", str(cfg), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

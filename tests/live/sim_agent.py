@@ -69,7 +69,7 @@ def write_spans(path: str, n: int, scenarios: list[str]) -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from assaywatch.monitor.readers.otlp_json import write_otlp_json_lines
+    from assaywatch.monitor.receivers.files.otlp_json import write_otlp_json_lines
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -14,12 +14,8 @@ from scipy import stats
 
 from assaywatch.analyzers.fidelity import combine_paired, combined_z
 from assaywatch.analyzers.sprt import SPRT
-from assaywatch.monitor.live.fidelity import (
-    FidelityConfig,
-    FidelitySPRT,
-    evidence,
-    simulate_fidelity,
-)
+from assaywatch.monitor.live.fidelity import FidelityConfig, FidelitySPRT, simulate_fidelity
+from assaywatch.monitor.live.fidelity_evidence import evidence
 
 ALPHA, BETA, THETA, DELTA, N_PLAN, KAPPA = 0.05, 0.1, 0.9, 0.1, 232, 0.1
 N_REP = 6000
@@ -166,14 +162,14 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, str(AGENT), "--spans", str(spans), "200", "refund"],
                    env=_env(SIM_SEED="100"), check=True)
     out = d / "baseline.json"
-    subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "baseline", "build",
+    subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "baseline", "build",
                     str(spans), "-o", str(out)], check=True, capture_output=True)
     return out
 
 
 def _gate(baseline: Path, proxy: str, *extra: str,
           env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "gate",
+    return subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
                            "--baseline", str(baseline), "--run", CMD, "--proxy-run", proxy,
                            "--loop", *extra], env=env, capture_output=True, text=True,
                           timeout=180)
@@ -205,7 +201,8 @@ def test_cli_uncorrelated_proxy_falls_back_and_says_so(baseline: Path) -> None:
 
 
 def test_cli_proxy_flags_need_run(baseline: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "gate", "--baseline",
+    r = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
+                        "--baseline",
                         str(baseline), "--candidate", str(baseline), "--proxy-run", "true"],
                        capture_output=True, text=True)
     assert r.returncode == 3 and "--proxy-run" in r.stderr and "Traceback" not in r.stderr

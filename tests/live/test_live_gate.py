@@ -29,14 +29,14 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, str(AGENT), "--spans", str(spans), "200", "refund"],
                    env=_env(SIM_SEED="100"), check=True)
     out = d / "baseline.json"
-    subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "baseline", "build",
+    subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "baseline", "build",
                     str(spans), "-o", str(out)], check=True, capture_output=True)
     return out
 
 
 def _gate(baseline: Path, *extra: str, env: dict[str, str], cmd: str = CMD,
           timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "gate",
+    return subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
                            "--baseline", str(baseline), "--run", cmd, *extra],
                           env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -88,7 +88,7 @@ def test_too_small_budget_is_inconclusive(baseline: Path, tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_usage_errors_exit_3(baseline: Path, tmp_path: Path) -> None:
-    both = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "gate",
+    both = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
                            "--baseline", str(baseline), "--candidate", str(baseline),
                            "--run", "true"], capture_output=True, text=True)
     assert both.returncode == 3 and "exactly one of" in both.stderr
@@ -109,7 +109,7 @@ def _has_children(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_ctrl_c_ends_inconclusive_without_traceback(baseline: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "assaywatch.monitor.cli", "gate",
+    proc = subprocess.Popen([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
                              "--baseline", str(baseline), "--run", CMD, "--theta", "0.5"],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -81,7 +81,7 @@ def test_inconclusive_as_failure_option(tmp_path: Path) -> None:
 
 
 def test_plugin_is_inert_and_light(tmp_path: Path) -> None:
-    code = ("import sys, assaywatch.instrumentation.pytest_plugin as p; "
+    code = ("import sys, assaywatch.monitor.live.pytest_plugin as p; "
             "print(any(m.startswith(('assaywatch.analyzers', 'opentelemetry.sdk', 'numpy')) "
             "for m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -15,7 +15,7 @@ import pytest
 from assaywatch.analyzers.baseline import Baseline, build_baseline
 from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.model import StreamKey, Verdict
-from assaywatch.analyzers.sprt import sprt_exact
+from assaywatch.analyzers.sprt_operating import sprt_exact
 from assaywatch.analyzers.verdicts import sample_size
 from assaywatch.monitor.live.sequential import (
     LiveConfig,

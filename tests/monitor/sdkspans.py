@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from assaywatch.monitor.spans import SpanRecord
+from assaywatch.monitor.receivers.spans import SpanRecord
 
 
 def sdk_spans(n_runs: int = 2,

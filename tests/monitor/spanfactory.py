@@ -35,7 +35,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from assaywatch.monitor.spans import STATUS_ERROR, AttrValue, SpanEvent, SpanRecord
+from assaywatch.monitor.receivers.spans import STATUS_ERROR, AttrValue, SpanEvent, SpanRecord
 
 DIALECTS = ("genai", "genai_deprecated", "openinference", "traceloop", "langfuse")
 INTERNAL, SERVER, CLIENT = 1, 2, 3

@@ -10,7 +10,7 @@ import pytest
 from assaywatch.analyzers.model import Action, Outcome, Run
 from assaywatch.monitor.pipeline.assemble import Assembler, assemble_all
 from assaywatch.monitor.pipeline.outcome import ContractRules
-from assaywatch.monitor.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 from tests.monitor.spanfactory import (
     DIALECTS,
     MS,

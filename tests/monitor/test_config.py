@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from assaywatch.monitor.commands.errors import UsageError
 from assaywatch.monitor.commands.monitor import load_config
 from assaywatch.monitor.config import (
     DEFAULT_METRICS,
@@ -19,7 +20,6 @@ from assaywatch.monitor.config import (
     iter_options,
     parse_hostport,
 )
-from assaywatch.monitor.errors import UsageError
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -77,7 +77,7 @@ def test_bad_config_is_reported_with_file_and_key(tmp_path: Path, text: str,
 def test_bad_config_fails_the_monitor_at_start_without_traceback(tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text("detectors:\n  arl_0: 100\n")
-    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "monitor",
+    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "monitor",
                           "--config", str(f), "--metrics", "127.0.0.1:0"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 3

@@ -10,7 +10,7 @@ import pytest
 
 from assaywatch.analyzers.model import Outcome, StreamKey
 from assaywatch.monitor.config import DetectorConfig
-from assaywatch.monitor.engine import Engine
+from assaywatch.monitor.engine.engine import Engine
 from tests.analyzers.simagent import simulate_runs
 
 KEY = StreamKey("support-agent", "1.0", "refund")

@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from assaywatch.analyzers.model import Outcome, Verdict
-from assaywatch.monitor.cli import main
 from assaywatch.monitor.commands._common import build_baselines
+from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.offline.gate import GatePolicy, decide
-from assaywatch.monitor.readers import write_otlp_json_lines
+from assaywatch.monitor.receivers.files import write_otlp_json_lines
 from tests.analyzers.simagent import simulate_runs
 from tests.e2e.otel_agent import AgentBehaviour, emit_run
 
@@ -124,12 +124,12 @@ def test_malformed_file_exits_3_with_file_and_line(files: dict[str, Path],
     bad = tmp_path / "bad.jsonl"
     good = gzip.open(files["baseline_spans"], "rt").read().splitlines()[0]
     bad.write_text(good + "\n{not json\n" + good + "\n")
-    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "gate",
+    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
                           "--baseline", str(files["baseline"]), "--candidate", str(bad),
                           "--strict"], capture_output=True, text=True)
     assert res.returncode == 3
     assert f"{bad}:2" in res.stderr and "Traceback" not in res.stderr
-    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.cli", "gate",
+    res = subprocess.run([sys.executable, "-m", "assaywatch.monitor.commands.cli", "gate",
                           "--baseline", str(tmp_path / "missing.json"), "--candidate",
                           str(bad)], capture_output=True, text=True)
     assert res.returncode == 3 and "no such file" in res.stderr

@@ -14,8 +14,8 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from assaywatch.monitor.otlp.grpc_receiver import GrpcReceiver
-from assaywatch.monitor.spans import IngestCounters
+from assaywatch.monitor.receivers.otlp.grpc_receiver import GrpcReceiver
+from assaywatch.monitor.receivers.spans import IngestCounters
 from tests.monitor.sdkspans import RecordingSink, assert_received_exactly, sdk_spans
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -21,9 +21,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from assaywatch.monitor.otlp.http_receiver import HttpReceiver
-from assaywatch.monitor.readers import request_to_json
-from assaywatch.monitor.spans import IngestCounters
+from assaywatch.monitor.receivers.files import request_to_json
+from assaywatch.monitor.receivers.otlp.http_receiver import HttpReceiver
+from assaywatch.monitor.receivers.spans import IngestCounters
 from tests.monitor.sdkspans import RecordingSink, assert_received_exactly, sdk_spans
 
 R = "otlp_http"

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from scipy import stats
 
 from assaywatch.analyzers.model import Outcome, Run
-from assaywatch.monitor.cli import main
+from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.config import DetectorConfig
 from assaywatch.monitor.offline.gate import GatePolicy
 from assaywatch.monitor.offline.mutate import (
@@ -26,7 +26,7 @@ from assaywatch.monitor.offline.mutate import (
 )
 from assaywatch.monitor.pipeline.outcome import ContractRules
 from assaywatch.monitor.pipeline.runs import REASON_KEY
-from assaywatch.monitor.readers import write_otlp_json_lines
+from assaywatch.monitor.receivers.files import write_otlp_json_lines
 from tests.analyzers.simagent import simulate_runs
 from tests.e2e.otel_agent import AgentBehaviour, emit_run
 

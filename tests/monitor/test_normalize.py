@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from assaywatch.analyzers.model import Action
 from assaywatch.monitor.pipeline.normalize import Kind, classify, text_length
-from assaywatch.monitor.spans import STATUS_ERROR, AttrValue, SpanEvent, SpanRecord
+from assaywatch.monitor.receivers.spans import STATUS_ERROR, AttrValue, SpanEvent, SpanRecord
 from tests.monitor.spanfactory import (
     DIALECTS,
     Agent,

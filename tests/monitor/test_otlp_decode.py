@@ -21,14 +21,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from assaywatch.monitor.otlp import (
+from assaywatch.monitor.receivers.files import request_to_json
+from assaywatch.monitor.receivers.otlp import (
     DecodeError,
     DecodeLimits,
     decode_json_request,
     decode_proto_request,
 )
-from assaywatch.monitor.readers import request_to_json
-from assaywatch.monitor.spans import SpanRecord
+from assaywatch.monitor.receivers.spans import SpanRecord
 
 TID = "0af7651916cd43dd8448eb211c80319c"
 SID = "b7ad6b7169203331"

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from assaywatch.analyzers.baseline import baselines_to_json, build_baseline
+from assaywatch.analyzers.baseline import build_baseline
+from assaywatch.analyzers.baseline_file import baselines_to_json
 from assaywatch.analyzers.budget import adaptive_budget
 from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.hotelling import hotelling_power
 from assaywatch.analyzers.verdicts import planned_power
-from assaywatch.monitor.cli import main
+from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.commands.plan import plan_stream, smallest_n
 from assaywatch.monitor.offline.gate import GatePolicy
 from tests.analyzers.simagent import simulate_runs

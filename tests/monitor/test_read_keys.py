@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-from assaywatch.monitor.otlp.decode import (
-    DecodeLimits,
-    decode_json_request,
-    decode_proto_request,
-)
 from assaywatch.monitor.pipeline.assemble import assemble_all
 from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
 from assaywatch.monitor.pipeline.normalize import classify
 from assaywatch.monitor.pipeline.runs import Node
-from assaywatch.monitor.readers import request_to_json
-from assaywatch.monitor.spans import AttrValue, SpanEvent, SpanRecord
+from assaywatch.monitor.receivers.files import request_to_json
+from assaywatch.monitor.receivers.otlp.decode import (
+    DecodeLimits,
+    decode_proto_request,
+)
+from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
+from assaywatch.monitor.receivers.spans import AttrValue, SpanEvent, SpanRecord
 from tests.e2e.rawotlp import request_from_records
 from tests.monitor.spanfactory import (
     DIALECTS,

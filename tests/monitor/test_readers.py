@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from assaywatch.monitor.readers import (
+from assaywatch.monitor.receivers.files import (
     ReadIssue,
     ReadStats,
     SpanFileError,
@@ -21,7 +21,7 @@ from assaywatch.monitor.readers import (
     write_otlp_json_lines,
     write_proto_frame,
 )
-from assaywatch.monitor.spans import STATUS_ERROR, SpanRecord
+from assaywatch.monitor.receivers.spans import STATUS_ERROR, SpanRecord
 from tests.monitor.sdkspans import assert_received_exactly, sdk_spans
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from assaywatch.analyzers.model import StreamKey
-from assaywatch.monitor.cli import main
+from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.config import MonitorConfig
-from assaywatch.monitor.service import Monitor
+from assaywatch.monitor.service.monitor import Monitor
 from tests.analyzers.simagent import simulate_runs
 
 KEY = StreamKey("support-agent", "1.0", "refund")

@@ -29,7 +29,7 @@ from assaywatch.monitor.offline.tracefirst import (
     trace_first_tests,
 )
 from assaywatch.monitor.pipeline.outcome import ContractRules
-from assaywatch.monitor.readers import write_otlp_json_lines
+from assaywatch.monitor.receivers.files import write_otlp_json_lines
 from tests.analyzers.simagent import simulate_runs
 
 POLICY = GatePolicy()

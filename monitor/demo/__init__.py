@@ -1,0 +1,1 @@
+"""``assaywatch demo``: the simulated support agent and the terminal view."""

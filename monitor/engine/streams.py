@@ -1,0 +1,100 @@
+"""A stream's state in the engine: what it learned, what its detectors hold, its alarms.
+
+``StreamState`` is read by the exporters (metrics, status page) and written by
+:class:`~assaywatch.monitor.engine.engine.Engine` only; ``AlarmEvent`` is one alarm onset
+as written to the event log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
+from assaywatch.analyzers.coverage import CoverageTracker
+from assaywatch.analyzers.model import Run, StreamKey, Verdict
+from assaywatch.analyzers.verdicts import wilson_interval
+
+DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
+#: ARL-calibrated statistics sharing the stream's ARL0 target (Bonferroni in time).
+_ARL_SHARES = 4
+
+
+@dataclass
+class AlarmEvent:
+    """One alarm onset, with the evidence written to the event log."""
+
+    key: StreamKey
+    detector: str
+    #: runs since the stream's baseline froze (1-based)
+    run_index: int
+    #: runs of the stream since it was first seen, baseline runs included (1-based)
+    stream_run: int
+    run_id: str
+    first_run_id: str
+    baseline_id: str
+    evidence: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event": "alarm",
+            **self.key.as_labels(),
+            "detector": self.detector,
+            "run_index": self.run_index,
+            "stream_run": self.stream_run,
+            "run_id": self.run_id,
+            "first_run_id": self.first_run_id,
+            "baseline_id": self.baseline_id,
+            "evidence": self.evidence,
+        }
+
+
+@dataclass
+class StreamState:
+    key: StreamKey
+    baseline: Baseline | None = None
+    baseline_origin: str = ""
+    builder: BaselineBuilder | None = None
+    n_runs: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    recent_outcomes: deque[bool] = field(default_factory=deque)
+    recent_fps: deque[np.ndarray] = field(default_factory=deque)
+    first_run_id: str = ""
+    #: run index (1-based, within this stream) since the baseline froze
+    monitored_runs: int = 0
+    detectors: dict[str, Any] = field(default_factory=dict)
+    alarm_last: dict[str, int] = field(default_factory=dict)
+    alarms_total: Counter[str] = field(default_factory=Counter)
+    sprt_verdict: Verdict | None = None
+    sprt_active_fail: bool = False
+    pass_rate_verdict: Verdict | None = None
+    fingerprint_verdict: Verdict | None = None
+    hotelling_p: float | None = None
+    fingerprint_shift: float | None = None
+    feature_shift: dict[str, float] = field(default_factory=dict)
+    coverage: CoverageTracker | None = None
+    recommended_trials: int | None = None
+    #: detectors that could not be built for this baseline, with the reason
+    disabled: dict[str, str] = field(default_factory=dict)
+
+    def alarm_active(self, detector: str, hold: int) -> bool:
+        if detector == "sprt":
+            return self.sprt_active_fail
+        last = self.alarm_last.get(detector)
+        return last is not None and self.monitored_runs - last < hold
+
+
+def close_order(run: Run) -> tuple[int, str]:
+    return (run.end_ns, run.run_id)
+
+
+def recent_pass_rate(st: StreamState, alpha: float = 0.05) -> tuple[float, float, float] | None:
+    n = len(st.recent_outcomes)
+    if n == 0:
+        return None
+    k = sum(st.recent_outcomes)
+    lo, hi = wilson_interval(k, n, alpha)
+    return k / n, lo, hi

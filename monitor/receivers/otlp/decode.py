@@ -1,0 +1,318 @@
+"""OTLP trace requests (protobuf bytes or OTLP/JSON) to :class:`SpanRecord` lists.
+
+The decoder is the receiving edge's only contact with protocol types: everything past it
+sees :class:`~assaywatch.monitor.spans.SpanRecord`. It is
+
+* **strict where the protocol requires** - an undecodable request raises
+  :class:`DecodeError` (the receiver answers 400 / INVALID_ARGUMENT), and a span whose
+  trace or span id is missing, of the wrong length or all zeros is rejected
+  individually while the rest of its batch is kept (the receiver answers with a partial
+  success);
+* **tolerant elsewhere** - unknown JSON fields are ignored, int64 values may be numbers
+  or decimal strings, enums integers or their names, hex ids any case (and base64 ids,
+  which protobuf's ``json_format`` writes, are recognised by their length), snake_case
+  keys are accepted beside the lowerCamelCase ones the OTLP/JSON spec prescribes;
+* **bounded** - string and bytes values above :attr:`DecodeLimits.max_value_bytes` are
+  truncated, attributes beyond :attr:`DecodeLimits.max_attributes` and events beyond
+  :attr:`DecodeLimits.max_events` per span are dropped, and each is counted in
+  :attr:`DecodeResult.limited`.
+
+Links, trace state, flags and dropped-count fields are not read: no pipeline stage uses
+them. Spans of one ``ResourceSpans`` share a single resource dict.
+
+The JSON walker lives in :mod:`assaywatch.monitor.receivers.otlp.decode_json`, which
+imports this module; this module holds the shared types and the protobuf path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError as _ProtoDecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from assaywatch.monitor.receivers.spans import AttrValue, SpanEvent, SpanRecord
+
+__all__ = [
+    "DEFAULT_MAX_ATTRIBUTES",
+    "DEFAULT_MAX_EVENTS",
+    "DEFAULT_MAX_VALUE_BYTES",
+    "DecodeError",
+    "DecodeLimits",
+    "DecodeResult",
+    "decode_proto_request",
+    "records_from_request",
+]
+
+#: Default cap on one string/bytes attribute value, in bytes (UTF-8 for strings).
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024
+#: Default cap on attributes kept per span, per event and per resource.
+DEFAULT_MAX_ATTRIBUTES = 256
+#: Default cap on events kept per span.
+DEFAULT_MAX_EVENTS = 128
+
+#: ``limited`` counter labels.
+LIMIT_VALUE_TRUNCATED = "attribute_value_truncated"
+LIMIT_ATTRIBUTES_DROPPED = "attributes_dropped"
+LIMIT_EVENTS_DROPPED = "events_dropped"
+
+
+class DecodeError(ValueError):
+    """A request that cannot be decoded at all.
+
+    Parameters
+    ----------
+    reason:
+        Short counter label (``malformed_protobuf``, ``malformed_json``, ...), used as
+        the ``reason`` label of ``assaywatch_spans_rejected_total``.
+    message:
+        Human-readable explanation returned to the client.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Per-span resource limits applied while decoding.
+
+    The defaults follow the OTel SDK's own span limits in spirit (128 attributes and
+    events there; we allow 256 attributes because GenAI instrumentations set many keys)
+    and keep one span's decoded size bounded even for a hostile client.
+    """
+
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    max_attributes: int = DEFAULT_MAX_ATTRIBUTES
+    max_events: int = DEFAULT_MAX_EVENTS
+    #: When set, only attributes (of spans, events and resources) whose key is in
+    #: ``keep_keys`` or starts with one of ``keep_prefixes`` are converted and kept; the
+    #: others are skipped before their value is read. The monitor's receivers set it to
+    #: the keys its normalizer reads (reading only what the pipeline needs); None (the
+    #: default) keeps every attribute, as readers and tools need.
+    keep_keys: frozenset[str] | None = None
+    keep_prefixes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_value_bytes", "max_attributes", "max_events"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"DecodeLimits.{name} must be an int >= 0, got {value!r}")
+        if self.keep_keys is not None and not isinstance(self.keep_keys, frozenset):
+            raise ValueError("DecodeLimits.keep_keys must be a frozenset of attribute keys "
+                             f"or None, got {type(self.keep_keys).__name__}")
+        if not isinstance(self.keep_prefixes, tuple):
+            raise ValueError("DecodeLimits.keep_prefixes must be a tuple of key prefixes, "
+                             f"got {type(self.keep_prefixes).__name__}")
+
+
+DEFAULT_LIMITS = DecodeLimits()
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    """Decoded spans plus what was refused or cut.
+
+    Attributes
+    ----------
+    spans:
+        The valid spans, in request order.
+    rejected:
+        Spans rejected individually, by reason (``missing_trace_id``, ...).
+    limited:
+        Values truncated and attributes/events dropped by the limits, by kind.
+    """
+
+    spans: list[SpanRecord] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    limited: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def rejected_count(self) -> int:
+        return sum(self.rejected.values())
+
+    @property
+    def error_message(self) -> str:
+        """Partial-success message, e.g. ``"rejected 2 spans: missing_trace_id=2"``."""
+        if not self.rejected:
+            return ""
+        parts = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items()))
+        return f"rejected {self.rejected_count} span(s): {parts}"
+
+    def merge(self, other: DecodeResult) -> None:
+        self.spans.extend(other.spans)
+        self.rejected.update(other.rejected)
+        self.limited.update(other.limited)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def cap_str(s: str, cap: int, limited: Counter[str]) -> str:
+    """Truncate ``s`` to at most ``cap`` UTF-8 bytes (dropping a split character)."""
+    # A str of n characters encodes to at most 4n bytes, so short strings skip encoding.
+    if len(s) * 4 <= cap:
+        return s
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) <= cap:
+        return s
+    limited[LIMIT_VALUE_TRUNCATED] += 1
+    return raw[:cap].decode("utf-8", "ignore")
+
+
+def cap_bytes(b: bytes, cap: int, limited: Counter[str]) -> bytes:
+    if len(b) <= cap:
+        return b
+    limited[LIMIT_VALUE_TRUNCATED] += 1
+    return b[:cap]
+
+
+def _proto_any(v: Any, lim: DecodeLimits, limited: Counter[str]) -> AttrValue:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return cap_str(v.string_value, lim.max_value_bytes, limited)
+    if which == "int_value":
+        return int(v.int_value)
+    if which == "bool_value":
+        return bool(v.bool_value)
+    if which == "double_value":
+        return float(v.double_value)
+    if which == "array_value":
+        return tuple(_proto_any(x, lim, limited) for x in v.array_value.values)
+    if which == "kvlist_value":
+        return _proto_attrs(v.kvlist_value.values, lim, limited)
+    if which == "bytes_value":
+        return cap_bytes(bytes(v.bytes_value), lim.max_value_bytes, limited)
+    return None  # unset, or string_value_strindex (profiles only)
+
+
+def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str]) -> dict[str, AttrValue]:
+    out: dict[str, AttrValue] = {}
+    n = len(kvs)
+    if n > lim.max_attributes:
+        limited[LIMIT_ATTRIBUTES_DROPPED] += n - lim.max_attributes
+        kvs = kvs[: lim.max_attributes]
+    cap = lim.max_value_bytes
+    keep = lim.keep_keys
+    prefixes = lim.keep_prefixes
+    for kv in kvs:
+        key = kv.key  # read once: each read of a upb field makes a new object
+        if keep is not None and key not in keep and not key.startswith(prefixes):
+            continue  # never read by the pipeline: skip before converting the value
+        v = kv.value
+        which = v.WhichOneof("value")
+        # Inline the common scalar cases: this loop is the decoder's hot path.
+        if which == "string_value":
+            s = v.string_value
+            out[key] = s if len(s) * 4 <= cap else cap_str(s, cap, limited)
+        elif which == "int_value":
+            out[key] = v.int_value
+        else:
+            out[key] = _proto_any(v, lim, limited)
+    return out
+
+
+# --------------------------------------------------------------------------- ids
+
+_ZERO_SPAN_ID = bytes(8)
+
+
+def check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:
+    """Reason to reject a span for its ids, or None when they are valid."""
+    if not trace_id:
+        return "missing_trace_id"
+    if len(trace_id) != 16 or not any(trace_id):
+        return "invalid_trace_id"
+    if not span_id:
+        return "missing_span_id"
+    if len(span_id) != 8 or not any(span_id):
+        return "invalid_span_id"
+    if parent and len(parent) != 8:
+        return "invalid_parent_span_id"
+    return None
+
+
+# --------------------------------------------------------------------------- protobuf
+
+
+def decode_proto_request(data: bytes, limits: DecodeLimits | None = None) -> DecodeResult:
+    """Decode a serialized ``ExportTraceServiceRequest`` (or ``TracesData``).
+
+    Raises
+    ------
+    DecodeError
+        ``malformed_protobuf`` when the bytes are not a valid message (truncated,
+        wrong wire types, invalid UTF-8 in a string field, ...).
+    """
+    req = ExportTraceServiceRequest()
+    try:
+        req.ParseFromString(data)
+    except (_ProtoDecodeError, ValueError, TypeError) as exc:
+        raise DecodeError(
+            "malformed_protobuf",
+            f"request body is not a valid ExportTraceServiceRequest ({len(data)} bytes): {exc}",
+        ) from None
+    return records_from_request(req, limits)
+
+
+def records_from_request(
+    req: ExportTraceServiceRequest, limits: DecodeLimits | None = None
+) -> DecodeResult:
+    """Walk an already-parsed ``ExportTraceServiceRequest`` into span records."""
+    lim = limits or DEFAULT_LIMITS
+    result = DecodeResult()
+    spans_out = result.spans
+    rejected = result.rejected
+    limited = result.limited
+    max_events = lim.max_events
+    for rs in req.resource_spans:
+        resource = _proto_attrs(rs.resource.attributes, lim, limited)
+        for ss in rs.scope_spans:
+            scope_name = ss.scope.name
+            for sp in ss.spans:
+                trace_id = sp.trace_id
+                span_id = sp.span_id
+                parent = sp.parent_span_id
+                bad = check_ids(trace_id, span_id, parent)
+                if bad is not None:
+                    rejected[bad] += 1
+                    continue
+                events: list[SpanEvent] = []
+                if sp.events:
+                    evs: Iterable[Any] = sp.events
+                    if len(sp.events) > max_events:
+                        limited[LIMIT_EVENTS_DROPPED] += len(sp.events) - max_events
+                        evs = sp.events[:max_events]
+                    events = [
+                        SpanEvent(
+                            e.name, e.time_unix_nano, _proto_attrs(e.attributes, lim, limited)
+                        )
+                        for e in evs
+                    ]
+                status = sp.status
+                # Positional (SpanRecord's field order): cheaper than keywords per span.
+                # check_ids left parent empty or 8 bytes: all zeros means no parent.
+                spans_out.append(
+                    SpanRecord(
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex() if parent and parent != _ZERO_SPAN_ID else "",
+                        sp.name,
+                        sp.start_time_unix_nano,
+                        sp.end_time_unix_nano,
+                        sp.kind,
+                        status.code,
+                        status.message,
+                        _proto_attrs(sp.attributes, lim, limited),
+                        events,
+                        resource,
+                        scope_name,
+                    )
+                )
+    return result
+

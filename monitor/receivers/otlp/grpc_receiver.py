@@ -1,0 +1,212 @@
+"""OTLP/gRPC trace receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+
+Answers follow the OTLP specification (shared/reference/otel-conventions.md section 7):
+
+==============================  ===================================================
+situation                       answer
+==============================  ===================================================
+all spans accepted              OK, empty ``ExportTraceServiceResponse``
+some spans rejected (bad ids)   OK with ``partial_success{rejected_spans, error_message}``
+undecodable request             ``INVALID_ARGUMENT`` (not retried by clients)
+message over the size cap       ``RESOURCE_EXHAUSTED`` (grpc's own receive limit)
+pipeline full (offer False)     ``UNAVAILABLE`` + ``google.rpc.RetryInfo`` (retried)
+==============================  ===================================================
+
+The retry hint is sent twice in the trailing metadata: as ``google.rpc.retryinfo-bin``
+(a serialized ``RetryInfo``; the key the Python OTLP exporter reads) and inside a
+``google.rpc.Status`` under ``grpc-status-details-bin`` (the gRPC rich error model that
+the Go Collector exporter reads). gzip request compression is handled by grpc itself.
+
+The request is registered with a raw-bytes deserializer and decoded by
+:func:`~assaywatch.monitor.receivers.otlp.decode.decode_proto_request`, so a malformed message gets
+INVALID_ARGUMENT with a reason rather than grpc's generic deserialization failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
+
+from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, decode_proto_request
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink
+
+__all__ = ["GRPC_RECEIVER", "GrpcReceiver", "SERVICE_NAME"]
+
+logger = logging.getLogger(__name__)
+
+#: ``receiver`` label of this receiver's counters.
+GRPC_RECEIVER = "otlp_grpc"
+#: Fully-qualified gRPC service name of the OTLP trace service.
+SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
+#: gRPC's limit on sent messages; OTLP asks responses to stay below 4 MiB.
+_MAX_SEND_BYTES = 4 * 1024 * 1024
+
+
+def _retry_metadata(delay_s: float, message: str) -> tuple[tuple[str, bytes], ...]:
+    seconds = int(delay_s)
+    retry = error_details_pb2.RetryInfo(
+        retry_delay=Duration(seconds=seconds, nanos=int(round((delay_s - seconds) * 1e9)))
+    )
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message)
+    status.details.add().Pack(retry)
+    return (
+        ("google.rpc.retryinfo-bin", retry.SerializeToString()),
+        ("grpc-status-details-bin", status.SerializeToString()),
+    )
+
+
+class GrpcReceiver:
+    """OTLP/gRPC receiver delivering decoded spans to a :class:`SpanSink`.
+
+    Parameters
+    ----------
+    sink:
+        Receives each request's valid spans (``offer(spans, "otlp_grpc")``).
+    counters:
+        ``received["otlp_grpc"]`` and ``rejected[("otlp_grpc", reason)]`` are counted here.
+    host, port:
+        Bind address; port 0 picks a free port (returned by :meth:`start`).
+    max_message_bytes:
+        Largest accepted request message (grpc ``max_receive_message_length``); larger
+        requests get RESOURCE_EXHAUSTED. Default 8 MiB.
+    max_workers:
+        Threads serving requests concurrently.
+    retry_delay_s:
+        Retry delay advertised in ``RetryInfo`` when the pipeline is full.
+    limits:
+        Per-span decode limits (attribute value size, attribute and event counts).
+    """
+
+    def __init__(
+        self,
+        sink: SpanSink,
+        counters: IngestCounters,
+        host: str = "127.0.0.1",
+        port: int = 4317,
+        max_message_bytes: int = 8 * 1024 * 1024,
+        max_workers: int = 4,
+        retry_delay_s: float = 1.0,
+        limits: DecodeLimits | None = None,
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"GrpcReceiver port must be in 0..65535, got {port}")
+        if max_message_bytes <= 0:
+            raise ValueError(f"GrpcReceiver max_message_bytes must be > 0, got {max_message_bytes}")
+        if max_workers < 1:
+            raise ValueError(f"GrpcReceiver max_workers must be >= 1, got {max_workers}")
+        if retry_delay_s < 0:
+            raise ValueError(f"GrpcReceiver retry_delay_s must be >= 0, got {retry_delay_s}")
+        self.sink = sink
+        self.counters = counters
+        self.host = host
+        self.port = port
+        self.max_message_bytes = max_message_bytes
+        self.max_workers = max_workers
+        self.retry_delay_s = retry_delay_s
+        self.limits = limits or DecodeLimits()
+        self._server: grpc.Server | None = None
+        self.bound_port: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> int:
+        """Bind and start serving; returns the bound port."""
+        if self._server is not None:
+            raise RuntimeError("GrpcReceiver.start() called twice; call stop() first")
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="otlp-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+            ],
+        )
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    self._export,
+                    request_deserializer=None,  # raw bytes: we decode, and report why not
+                    response_serializer=ExportTraceServiceResponse.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+        address = f"{self.host}:{self.port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"OTLP/gRPC receiver cannot bind {address}: {exc}") from exc
+        if port == 0:
+            raise OSError(
+                f"OTLP/gRPC receiver cannot bind {address} (in use?); "
+                "choose another port with --otlp-grpc HOST:PORT"
+            )
+        server.start()
+        self._server = server
+        self.bound_port = port
+        logger.info("OTLP/gRPC receiver listening on %s:%d", self.host, port)
+        return port
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving; in-flight requests get ``grace`` seconds to finish."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait()
+
+    def __enter__(self) -> GrpcReceiver:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ the rpc
+
+    def _export(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
+        try:
+            return self._handle(data, context)
+        except grpc.RpcError:
+            raise
+        except Exception:  # never let a bug take the server thread down silently
+            if context.code() is not None:  # abort() already chose the answer
+                raise
+            logger.exception("OTLP/gRPC receiver failed on a %d-byte request", len(data))
+            self.counters.add_rejected(GRPC_RECEIVER, "internal_error")
+            context.abort(grpc.StatusCode.INTERNAL, "internal error in the assaywatch receiver")
+            raise  # unreachable: abort raises
+
+    def _handle(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
+        try:
+            result = decode_proto_request(data, self.limits)
+        except DecodeError as err:
+            self.counters.add_rejected(GRPC_RECEIVER, err.reason)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
+            raise  # unreachable: abort raises
+        for reason, n in result.rejected.items():
+            self.counters.add_rejected(GRPC_RECEIVER, reason, n)
+        for kind, n in result.limited.items():
+            self.counters.add_dropped(kind, n)
+        if result.spans:
+            accepted = self.sink.offer(result.spans, GRPC_RECEIVER)
+            if not accepted:
+                self.counters.add_rejected(GRPC_RECEIVER, "pipeline_full", len(result.spans))
+                message = (
+                    f"assaywatch pipeline is full; retry in {self.retry_delay_s:g}s "
+                    f"({len(result.spans)} spans not accepted)"
+                )
+                context.set_trailing_metadata(_retry_metadata(self.retry_delay_s, message))
+                context.abort(grpc.StatusCode.UNAVAILABLE, message)
+            self.counters.add_received(GRPC_RECEIVER, len(result.spans))
+        response = ExportTraceServiceResponse()
+        if result.rejected:
+            response.partial_success.rejected_spans = result.rejected_count
+            response.partial_success.error_message = result.error_message
+        return response
