@@ -72,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise usage_error(f"contracts: {exc}") from None
     try:
         runs, stats = load_runs(args.baseline, strict=args.strict, rules=rules,
-                                score_threshold=cfg.evaluation_threshold,
-                                grace_s=cfg.assembler.grace_seconds,
-                                max_age_s=cfg.assembler.max_age_seconds)
+                                score_threshold=cfg.evaluation_threshold)
     except SpanFileError as exc:
         raise usage_error(f"{exc} (use without --strict to skip bad records)") from None
     if args.runs is not None:

@@ -1,26 +1,42 @@
-"""Span files -> runs, through the monitor's own pipeline with a file receiver.
+"""Span files -> runs, through the monitor's own pipeline, as a pure function of the spans.
 
-The assembler runs on *span time*: its clock is the latest span end time read so far, so
-a run closes once the file has moved ``grace`` seconds past it, exactly as the live monitor
-closes it ``grace`` seconds of wall time after its last span. Memory stays bounded by the
-open traces, not by the file size.
+The result does not depend on the order of the records in the files, on how the spans were
+batched into records, nor on how the files are split: the same spans always give the same
+runs, yielded in the same order (the order the live monitor closes them: end time, then run
+id). Nothing is dropped for lateness.
+
+Two passes over the files make that possible with bounded memory. The first counts the
+spans of every trace; the second holds each trace open from its first span to its last one
+and assembles it (the pipeline's :func:`~assaywatch.monitor.pipeline.assemble.assemble_all`)
+as soon as it is complete. Memory is bounded by
+
+* the traces open at once: a trace is open while the reader is between its first and last
+  span in the files, so a file written by an OTLP exporter, which keeps a trace's spans
+  close together, holds a handful at a time. Above :data:`MAX_OPEN_TRACES` the oldest open
+  trace is assembled early and counted (``dropped["evicted_trace"]``); only then could the
+  result depend on the files' order;
+* the span count per trace id of the first pass (about 100 bytes per trace);
+* the assembled runs, kept to be ordered (a run holds counts and names, never content).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.engine.streams import close_order
-from assaywatch.monitor.pipeline.assemble import Assembler
-from assaywatch.monitor.pipeline.outcome import ContractRules
+from assaywatch.monitor.pipeline.assemble import assemble_all
+from assaywatch.monitor.pipeline.outcome import DEFAULT_SCORE_THRESHOLD, ContractRules
 from assaywatch.monitor.receivers.files import read_spans
 from assaywatch.monitor.receivers.files.errors import ReadIssue
-from assaywatch.monitor.receivers.spans import IngestCounters
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 
 #: Issues kept verbatim for the report; further ones are only counted.
 MAX_ISSUES_KEPT = 50
+#: Traces held open at once while reading (see the module docstring).
+MAX_OPEN_TRACES = 100_000
 
 
 @dataclass
@@ -38,19 +54,24 @@ class LoadStats:
                 "dropped": self.dropped}
 
 
-class _SpanClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+def _span_counts(paths: Sequence[str], strict: bool) -> Counter[str]:
+    """Spans per trace id (first pass). Bad records are skipped silently here and reported
+    by the second pass, which reads the same records; in strict mode the first bad record
+    raises here already, with the same message."""
+    counts: Counter[str] = Counter()
+    for batch in read_spans(list(paths), strict=strict):
+        counts.update(s.trace_id for s in batch)
+    return counts
 
 
 def iter_runs(paths: Sequence[str], *, strict: bool = False,
-              rules: ContractRules | None = None, score_threshold: float = 0.5,
-              grace_s: float = 5.0, max_age_s: float = 300.0,
-              stats: LoadStats | None = None) -> Iterator[Run]:
+              rules: ContractRules | None = None,
+              score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+              stats: LoadStats | None = None,
+              max_open_traces: int = MAX_OPEN_TRACES) -> Iterator[Run]:
     """Yield the runs of span files in the order the live monitor would close them.
+
+    No trace is closed by time (the assembler's grace and age settings do not apply).
 
     Raises ``SpanFileError`` (file, line, reason) in strict mode at the first bad record;
     otherwise bad records are skipped and counted in ``stats``.
@@ -58,31 +79,40 @@ def iter_runs(paths: Sequence[str], *, strict: bool = False,
     stats = stats if stats is not None else LoadStats()
     stats.files = len(paths)
     counters = IngestCounters()
-    clock = _SpanClock()
-    asm = Assembler(clock=clock, grace_s=grace_s, max_age_s=max_age_s,
-                    max_pending_traces=100_000, counters=counters, rules=rules,
-                    score_threshold=score_threshold)
 
     def on_error(issue: ReadIssue) -> None:
         stats.issues += 1
         if len(stats.issue_samples) < MAX_ISSUES_KEPT:
             stats.issue_samples.append(str(issue))
 
+    expected = _span_counts(paths, strict)
+
+    def assemble(spans: list[SpanRecord]) -> list[Run]:
+        return assemble_all(spans, rules=rules, score_threshold=score_threshold,
+                            counters=counters)
+
+    open_traces: dict[str, list[SpanRecord]] = {}  # first-seen order
+    runs: list[Run] = []
     for batch in read_spans(list(paths), strict=strict, on_error=on_error):
-        if not batch:
-            continue
         stats.spans += len(batch)
-        asm.add(batch)
-        latest = max(s.end_ns or s.start_ns for s in batch) / 1e9
-        if latest > clock.now:
-            clock.now = latest
-        for run in sorted(asm.poll(), key=close_order):
-            stats.runs += 1
-            yield run
-    for run in sorted(asm.flush(), key=close_order):
-        stats.runs += 1
-        yield run
+        for span in batch:
+            tid = span.trace_id
+            spans = open_traces.get(tid)
+            if spans is None:
+                if len(open_traces) >= max_open_traces:
+                    oldest = next(iter(open_traces))
+                    counters.add_dropped("evicted_trace")
+                    runs.extend(assemble(open_traces.pop(oldest)))
+                spans = open_traces[tid] = []
+            spans.append(span)
+            if len(spans) >= expected[tid]:
+                runs.extend(assemble(open_traces.pop(tid)))
+    for spans in open_traces.values():  # only after an eviction split a trace
+        runs.extend(assemble(spans))
+    runs.sort(key=close_order)
+    stats.runs = len(runs)
     stats.dropped = dict(counters.snapshot()[2])
+    yield from runs
 
 
 def load_runs(paths: Sequence[str], **kw: object) -> tuple[list[Run], LoadStats]:

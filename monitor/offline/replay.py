@@ -28,9 +28,7 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
                     max_streams=cfg.limits.max_streams)
     rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None
     for run in iter_runs(paths, strict=strict, rules=rules,
-                         score_threshold=cfg.evaluation_threshold,
-                         grace_s=cfg.assembler.grace_seconds,
-                         max_age_s=cfg.assembler.max_age_seconds, stats=result.stats):
+                         score_threshold=cfg.evaluation_threshold, stats=result.stats):
         engine.process(run)
     result.streams = engine.streams()
     return result
