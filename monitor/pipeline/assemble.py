@@ -1,17 +1,19 @@
 """The run assembler: spans in, runs out (DESIGN.md "Data model").
 
 Spans are grouped by trace id while the trace is *pending*; a closed trace is split into
-runs by :func:`assaywatch.monitor.pipeline.runs.build_runs` (one per outermost agent span)
-and each run gets its outcome from the oracle.
+runs by :func:`assaywatch.monitor.pipeline.runs.build_runs` (one per outermost agent span,
+or outermost chain when no agent span encloses it) and each run gets its outcome from the
+oracle.
 
 When a trace closes (``clock()`` is read at every :meth:`Assembler.add` and
 :meth:`Assembler.poll`):
 
 - **grace**: the trace is *ready* and no span of it arrived for ``grace_s``. Ready means
   every span whose parent has not arrived is either an agent span (its parent, an HTTP
-  handler or a workflow, may come later or live in another service), a SERVER/CONSUMER
-  entry span, or a root. A tool or LLM span waiting for its agent keeps the trace open;
-  OTLP exports spans when they *end*, so an agent span arriving means its run has ended.
+  handler or a workflow, may come later or live in another service; not a LangGraph
+  ``agent`` node, which waits for its graph), a SERVER/CONSUMER entry span, or a root.
+  A tool or LLM span waiting for its agent keeps the trace open; OTLP exports spans when
+  they *end*, so an agent span arriving means its run has ended.
 - **max age**: ``max_age_s`` after the trace was first seen, ready or not (a root that
   never ends, a lost parent).
 - **eviction**: above ``max_pending_traces`` the oldest pending trace is closed at once
@@ -68,7 +70,9 @@ class _Trace:
         nodes, sid, parent = self.nodes, node.span_id, node.parent_id
         if parent and parent != sid and parent not in nodes:
             self.waiting.setdefault(parent, []).append(sid)
-            if not (node.norm.is_agent_span or node.norm.is_entry):
+            norm = node.norm
+            # A LangGraph node marked AGENT waits for its graph like any other step.
+            if not ((norm.is_agent_span and not norm.graph_node) or norm.is_entry):
                 self.bad_tops.add(sid)
         nodes[sid] = node
         kids = self.waiting.pop(sid, None)

@@ -37,6 +37,18 @@ ACTION_OF_KIND: dict[Kind, Action] = {
 }
 #: Kinds whose usage/cost is usually the sum of their children's (see the assembler).
 CONTAINER_KINDS = frozenset({Kind.AGENT, Kind.WORKFLOW, Kind.CHAIN})
+#: Kinds of a run root that is itself a step (a trace whose root is the model call or the
+#: tool call: no agent span wraps it, yet its model, tokens, tool and error are the run's).
+STEP_ROOT_KINDS = frozenset({Kind.LLM, Kind.EMBEDDING, Kind.TOOL, Kind.RETRIEVE,
+                             Kind.HANDOFF})
+#: OpenInference AGENT span names that are LangGraph graph nodes, not agents: OpenInference
+#: marks every runnable whose name contains "agent" as AGENT, and the ReAct graph's model
+#: node (``create_react_agent``, the LangGraph tutorials) is named ``agent``. Below a
+#: container span (the graph) such a span is plumbing of the graph's agent (runs.py).
+GRAPH_NODE_NAMES = frozenset({"agent"})
+#: OpenInference's flattened tool inventory of an LLM span: ``llm.tools.<i>.tool.json_schema``.
+OI_TOOLS_PREFIX, OI_TOOLS_SUFFIX = "llm.tools.", ".tool.json_schema"
+MAX_TOOL_DEFINITIONS = 256
 
 K = Kind
 OPERATION_KINDS: dict[str, Kind] = {
@@ -122,5 +134,7 @@ READ_KEYS: frozenset[str] = frozenset({
     *MODEL_KEYS, *PROVIDER_KEYS, *INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS, *COST_KEYS,
     *SCENARIO_KEYS, *OUTPUT_CONTENT_KEYS, OUTPUT_LENGTH_KEY, *MARK_SKIP,
 })
-#: Key prefixes the pipeline reads: run marks and the flattened (indexed) output messages.
-READ_PREFIXES: tuple[str, ...] = (MARK_PREFIX, "llm.output_messages.", "gen_ai.completion.")
+#: Key prefixes the pipeline reads: run marks, the flattened (indexed) output messages and
+#: OpenInference's flattened tool inventory.
+READ_PREFIXES: tuple[str, ...] = (MARK_PREFIX, "llm.output_messages.", "gen_ai.completion.",
+                                  OI_TOOLS_PREFIX)

@@ -25,8 +25,16 @@ Decisions (documented because they shape the fingerprint):
 - **Workflows root runs.** ``invoke_workflow`` and Traceloop ``workflow`` spans are agent
   spans in the DESIGN.md sense (Traceloop's openai-agents root is a workflow span, so is
   the GenAI openai-agents root): they can root a run; nested below a run they are ``other``
-  steps. ``CHAIN`` / ``task`` / Langfuse ``chain`` never root a run (LangChain emits one per
-  runnable).
+  steps. ``CHAIN`` / ``task`` / Langfuse ``chain`` root a run only when outermost (a
+  LangGraph graph with no agent span); below a run root they are plumbing, not steps
+  (LangChain emits one per runnable; runs.py).
+- **OpenInference agent names.** An ``AGENT`` span without ``agent.name`` is named after
+  the span (``@tracer.agent``, a LangGraph graph compiled with a name). OpenInference marks
+  every LangChain runnable whose name contains "agent" as ``AGENT``: a span named exactly
+  ``agent`` is flagged ``graph_node`` (LangGraph's ReAct model node), and runs.py treats it
+  as plumbing below a container span.
+- **Tool inventory**: ``gen_ai.tool.definitions``, else on OpenInference LLM spans the
+  flattened ``llm.tools.<i>.tool.json_schema``; names only, parsed once per distinct text.
 - **create_agent** is an agent-kind step (as the cheat-sheet lists it) but never roots a
   run: it configures an agent, it does not invoke one.
 - **Handoffs**: ``gen_ai.operation.name=handoff``, Traceloop ``handoff``, an
@@ -46,6 +54,7 @@ from assaywatch.monitor.pipeline.dialects import (
     CONTAINER_KINDS,
     ERROR_EVENTS,
     EVALUATION_EVENT,
+    GRAPH_NODE_NAMES,
     INPUT_TOKEN_KEYS,
     LANGFUSE_KINDS,
     LLM_REQUEST_KINDS,
@@ -74,6 +83,7 @@ from assaywatch.monitor.pipeline.values import (
     cost_of,
     evaluation_of,
     first_value,
+    openinference_tools_of,
     output_length_of,
     text_length,
     tool_definitions_of,
@@ -111,6 +121,9 @@ class NormalizedSpan:
     evaluations: tuple[Evaluation, ...] = ()
     tool_definitions: tuple[str, ...] = ()
     marks: dict[str, str] | None = None
+    #: An OpenInference AGENT span named like a LangGraph model node (``agent``): below a
+    #: container span it is the graph's plumbing, not an agent (runs.py decides).
+    graph_node: bool = False
 
 
 MAX_SHARED = 8_192
@@ -210,7 +223,10 @@ def classify(span: SpanRecord) -> NormalizedSpan:
     is_agent = (kind is Kind.WORKFLOW or kind is Kind.AGENT) and (
         attrs.get("gen_ai.operation.name") != "create_agent")
     is_entry = span.kind in SERVER_KINDS
-    may_root = is_agent or is_entry or not span.parent_span_id
+    # An outermost chain roots a run when no agent span encloses it (runs.py).
+    may_root = is_agent or kind is Kind.CHAIN or is_entry or not span.parent_span_id
+    graph_node = (kind is Kind.AGENT and by == "openinference.span.kind"
+                  and span.name in GRAPH_NODE_NAMES)
 
     agent_name = version = None
     if may_root:  # the stream key is read from run roots only
@@ -220,8 +236,10 @@ def classify(span: SpanRecord) -> NormalizedSpan:
         if agent_name is None and kind is Kind.AGENT:
             if tl_kind == "agent":
                 agent_name = as_str(attrs.get("traceloop.entity.name"))
-            elif lf_type == "agent":
-                agent_name = span.name or None  # Langfuse names agent observations after them
+            elif lf_type == "agent" or by == "openinference.span.kind":
+                # Langfuse names agent observations after the agent; so do OpenInference's
+                # ``@tracer.agent`` and LangChain/LangGraph (the runnable's, the graph's name).
+                agent_name = span.name or None
         version = as_str(attrs.get("gen_ai.agent.version"))
         if version is None and is_agent:
             if tl_kind in ("agent", "workflow"):
@@ -263,6 +281,12 @@ def classify(span: SpanRecord) -> NormalizedSpan:
                 out_len = text_length(as_json(c))
 
     defs = attrs.get("gen_ai.tool.definitions")
+    if defs is not None:
+        tool_defs = tool_definitions_of(defs)
+    elif kind is Kind.LLM and by == "openinference.span.kind":
+        tool_defs = openinference_tools_of(attrs)
+    else:
+        tool_defs = ()
     marks: dict[str, str] | None = None
     if may_root:
         for k, mv in attrs.items():
@@ -278,5 +302,5 @@ def classify(span: SpanRecord) -> NormalizedSpan:
         model=share(model), provider=share(provider),
         input_tokens=in_tok, output_tokens=out_tok, cost_usd=cost,
         output_length=out_len if out_len is not None else out_tok, error=error,
-        evaluations=tuple(evaluations),
-        tool_definitions=tool_definitions_of(defs) if defs is not None else (), marks=marks)
+        evaluations=tuple(evaluations), tool_definitions=tool_defs, marks=marks,
+        graph_node=graph_node)

@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from assaywatch.monitor.pipeline.dialects import COST_KEYS, OUTPUT_CONTENT_KEYS, OUTPUT_LENGTH_KEY
+from assaywatch.monitor.pipeline.dialects import (
+    COST_KEYS,
+    MAX_TOOL_DEFINITIONS,
+    OI_TOOLS_PREFIX,
+    OI_TOOLS_SUFFIX,
+    OUTPUT_CONTENT_KEYS,
+    OUTPUT_LENGTH_KEY,
+)
 from assaywatch.monitor.pipeline.outcome import Evaluation
 from assaywatch.monitor.receivers.spans import AttrValue
 
@@ -178,13 +185,13 @@ def evaluation_of(attrs: Mapping[str, AttrValue]) -> Evaluation | None:
                       score=as_float(score), passed=flag)
 
 
-def tool_definitions_of(v: AttrValue) -> tuple[str, ...]:
+def _definition_names(v: AttrValue) -> tuple[str, ...]:
     raw = as_json(v)
     if isinstance(raw, dict):
         raw = raw.get("tools", [raw])
     names: list[str] = []
     if isinstance(raw, list | tuple):
-        for item in raw[:256]:
+        for item in raw[:MAX_TOOL_DEFINITIONS]:
             if isinstance(item, str):
                 item = as_json(item)
             if isinstance(item, dict):
@@ -192,4 +199,41 @@ def tool_definitions_of(v: AttrValue) -> tuple[str, ...]:
                 name = item.get("name") or (fn.get("name") if isinstance(fn, dict) else None)
                 if isinstance(name, str) and name and name not in names:
                     names.append(name)
+    return tuple(names)
+
+
+#: Parsed tool definitions by their JSON text. Agents send the same inventory with every
+#: model call, so a span's definitions are usually a dict hit instead of a JSON parse.
+#: Bounded in entries and in the length of the texts it keeps.
+_DEFINITIONS: dict[str, tuple[str, ...]] = {}
+MAX_CACHED_DEFINITIONS, MAX_CACHED_TEXT = 512, 16_384
+
+
+def tool_definitions_of(v: AttrValue) -> tuple[str, ...]:
+    """Tool names of ``gen_ai.tool.definitions`` (a JSON array or object, or structured),
+    or of one OpenInference ``llm.tools.<i>.tool.json_schema`` object; never the schemas."""
+    if not isinstance(v, str):
+        return _definition_names(v)
+    names = _DEFINITIONS.get(v)
+    if names is None:
+        names = _definition_names(v)
+        if len(_DEFINITIONS) < MAX_CACHED_DEFINITIONS and len(v) <= MAX_CACHED_TEXT:
+            _DEFINITIONS[v] = names
+    return names
+
+
+def openinference_tools_of(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
+    """Tool names of OpenInference's flattened inventory ``llm.tools.<i>.tool.json_schema``
+    (i = 0, 1, ...; at most :data:`MAX_TOOL_DEFINITIONS`); () when the span has none."""
+    v = attrs.get(f"{OI_TOOLS_PREFIX}0{OI_TOOLS_SUFFIX}")
+    if v is None:
+        return ()
+    names: list[str] = []
+    i = 0
+    while v is not None and i < MAX_TOOL_DEFINITIONS:
+        for name in tool_definitions_of(v):
+            if name not in names:
+                names.append(name)
+        i += 1
+        v = attrs.get(f"{OI_TOOLS_PREFIX}{i}{OI_TOOLS_SUFFIX}")
     return tuple(names)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 from assaywatch.analyzers.model import Action, Outcome, Run
 from assaywatch.monitor.pipeline.assemble import Assembler, assemble_all
 from assaywatch.monitor.pipeline.outcome import ContractRules
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import AttrValue, IngestCounters, SpanRecord
 from tests.monitor.spanfactory import (
     DIALECTS,
     MS,
@@ -198,24 +199,44 @@ def test_spans_per_trace_are_bounded() -> None:
     assert len(run.steps) == 3
 
 
-def test_a_thousand_nested_spans_assemble_without_recursion() -> None:
+def _chain_of(kind_attrs: dict[str, str], n: int = 1000) -> list[SpanRecord]:
+    """An agent span with ``n - 1`` spans nested one in the other below it."""
     tid, spans = "ab" * 16, []
     parent = ""
-    for i in range(1000):
+    for i in range(n):
         sid = f"{i + 1:016x}"
         attrs = ({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "deep"}
-                 if i == 0 else {"openinference.span.kind": "CHAIN"})
+                 if i == 0 else dict(kind_attrs))
         spans.append(SpanRecord(tid, sid, parent, f"s{i}", i, 10_000 - i, attributes=attrs))
         parent = sid
+    return spans
+
+
+def _without_recursion(spans: list[SpanRecord]) -> list[Run]:
     depth_now = len(_frames())
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(depth_now + 120)  # a recursive walk of 1,000 levels would fail
     try:
-        runs = assemble_all(reversed(spans))
+        return assemble_all(reversed(spans))
     finally:
         sys.setrecursionlimit(old)
+
+
+def test_a_thousand_nested_spans_assemble_without_recursion() -> None:
+    # GUARDRAIL spans are 'other' steps: each one is a step and a nesting level.
+    runs = _without_recursion(_chain_of({"openinference.span.kind": "GUARDRAIL"}))
     assert len(runs) == 1 and len(runs[0].steps) == 999
     assert max(s.depth for s in runs[0].steps) == 999
+
+
+def test_a_thousand_nested_chains_are_plumbing_without_recursion() -> None:
+    # CHAIN spans (LangChain runnables) are neither steps nor nesting levels: the LLM call
+    # at the bottom of 998 chains is the run's only step, at depth 1.
+    spans = _chain_of({"openinference.span.kind": "CHAIN"})
+    spans[-1].attributes.update({"openinference.span.kind": "LLM", "llm.model_name": "m",
+                                 "llm.token_count.prompt": 3})
+    (run,) = _without_recursion(spans)
+    assert [(s.action, s.depth, s.input_tokens) for s in run.steps] == [(Action.LLM, 1, 3)]
 
 
 def _frames() -> list[object]:
@@ -373,3 +394,213 @@ def test_server_span_with_a_remote_parent_roots_a_run_and_closes_on_grace() -> N
     clock.t += 1.0
     (run,) = asm.poll()
     assert run.root_span_id == root.span_id and run.tools_used == ["x"]
+
+
+# --- run assembly per instrumentation (issue 13) ---------------------------------------
+
+OI_LLM = {"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini",
+          "llm.token_count.prompt": 100, "llm.token_count.completion": 20}
+OI_CHAIN = {"openinference.span.kind": "CHAIN"}
+OI_AGENT = {"openinference.span.kind": "AGENT"}
+
+
+def tree(*specs: tuple[str, str, str, dict[str, AttrValue]], error: tuple[str, ...] = (),
+         service: str = "svc", tid: str = "5a" * 16) -> list[SpanRecord]:
+    """Spans from (id, parent id, name, attributes), in pre-order: each span starts after
+    the previous one and ends after its descendants (ids are padded to 16 hex digits)."""
+    n = len(specs)
+    ids = {sid: f"{i + 1:016x}" for i, (sid, _, _, _) in enumerate(specs)}
+    return [SpanRecord(tid, ids[sid], ids.get(parent, ""), name, (i + 1) * MS,
+                       (2 * n - i) * MS, attributes=dict(attrs),
+                       status_code=2 if sid in error else 0,
+                       resource={"service.name": service})
+            for i, (sid, parent, name, attrs) in enumerate(specs)]
+
+
+def summary(run: Run) -> tuple[str, list[tuple[str, str | None, int]], int]:
+    return (run.key.agent, [(s.action.value, s.tool, s.depth) for s in run.steps],
+            run.total_tokens)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini",
+     "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 20},
+    OI_LLM], ids=["genai", "openinference"])
+def test_a_trace_rooted_at_the_model_call_is_a_run_with_that_step(
+        attrs: dict[str, AttrValue]) -> None:
+    (run,) = assemble_all(tree(("llm", "", "chat", attrs), service="bare"))
+    assert summary(run) == ("bare", [("llm", None, 1)], 120)
+    assert run.models == ("gpt-4o-mini",) and run.outcome is Outcome.PASS
+    (failed,) = assemble_all(tree(("llm", "", "chat", attrs), error=("llm",)))
+    assert failed.steps[0].error and failed.error and failed.outcome is Outcome.FAIL
+
+
+def test_a_trace_rooted_at_a_tool_call_is_a_run_and_its_children_nest_below_it() -> None:
+    spans = tree(("t", "", "execute_tool fetch", {"gen_ai.operation.name": "execute_tool",
+                                                  "gen_ai.tool.name": "fetch"}),
+                 ("l", "t", "chat", {"gen_ai.operation.name": "chat"}))
+    (run,) = assemble_all(spans)
+    assert summary(run)[1] == [("tool", "fetch", 1), ("llm", None, 2)]
+
+
+def langgraph(root_name: str, root_attrs: dict[str, AttrValue]) -> list[SpanRecord]:
+    """A LangGraph ReAct graph as openinference-instrumentation-langchain records it."""
+    return tree(
+        ("g", "", root_name, root_attrs),
+        ("a1", "g", "agent", OI_AGENT),
+        ("m1", "a1", "ChatOpenAI", OI_LLM),
+        ("c1", "a1", "should_continue", OI_CHAIN),
+        ("tn", "g", "tools", OI_CHAIN),
+        ("t", "tn", "get_weather", {"openinference.span.kind": "TOOL",
+                                    "tool.name": "get_weather"}),
+        ("a2", "g", "agent", OI_AGENT),
+        ("m2", "a2", "ChatOpenAI", OI_LLM),
+        ("c2", "a2", "should_continue", OI_CHAIN),
+        service="graph-svc")
+
+
+def test_langgraph_default_graph_is_one_run_without_plumbing_steps() -> None:
+    c = IngestCounters()
+    (run,) = assemble_all(langgraph("LangGraph", OI_CHAIN), counters=c)
+    assert summary(run) == ("graph-svc", [("llm", None, 1), ("tool", "get_weather", 1),
+                                          ("llm", None, 1)], 240)
+    assert c.dropped == {}
+
+
+def test_langgraph_named_graph_is_the_agent_and_its_agent_nodes_are_not_agents() -> None:
+    (run,) = assemble_all(langgraph("support_agent", OI_AGENT))
+    assert summary(run) == ("support_agent", [("llm", None, 1), ("tool", "get_weather", 1),
+                                              ("llm", None, 1)], 240)
+
+
+def test_langgraph_supervisor_keeps_its_named_sub_agents_as_agent_steps() -> None:
+    spans = tree(
+        ("g", "", "supervisor", OI_CHAIN),
+        ("s", "g", "agent", OI_AGENT), ("sm", "s", "ChatOpenAI", OI_LLM),
+        ("r", "g", "research_agent", OI_AGENT),
+        ("ra", "r", "agent", OI_AGENT), ("rm", "ra", "ChatOpenAI", OI_LLM),
+        ("w", "g", "writer_agent", OI_AGENT),
+        ("wa", "w", "agent", OI_AGENT), ("wm", "wa", "ChatOpenAI", OI_LLM),
+        ("wt", "wa", "tools", OI_CHAIN),
+        ("t", "wt", "save", {"openinference.span.kind": "TOOL", "tool.name": "save"}),
+        service="team")
+    (run,) = assemble_all(spans)
+    assert summary(run) == ("team", [("llm", None, 1), ("agent", None, 1), ("llm", None, 2),
+                                     ("agent", None, 1), ("llm", None, 2),
+                                     ("tool", "save", 2)], 360)
+
+
+def test_an_openinference_agent_named_agent_outside_a_graph_is_an_agent() -> None:
+    (run,) = assemble_all(tree(("a", "", "agent", OI_AGENT), ("m", "a", "llm", OI_LLM)))
+    assert summary(run) == ("agent", [("llm", None, 1)], 120)
+    http = tree(("h", "", "POST /chat", {"http.request.method": "POST"}),
+                ("a", "h", "agent", OI_AGENT), ("m", "a", "llm", OI_LLM),
+                ("b", "h", "agent", OI_AGENT), ("n", "b", "llm", OI_LLM))
+    assert [summary(r)[0] for r in assemble_all(http)] == ["agent", "agent"]
+
+
+def test_outermost_chains_are_runs_and_chains_below_an_agent_are_plumbing() -> None:
+    http = tree(("h", "", "POST /chat", {"http.request.method": "POST"}),
+                ("c1", "h", "RunnableSequence", OI_CHAIN), ("m1", "c1", "llm", OI_LLM),
+                ("c2", "h", "RunnableSequence", OI_CHAIN),
+                ("p", "c2", "Prompt", OI_CHAIN), ("m2", "p", "llm", OI_LLM))
+    assert [summary(r) for r in assemble_all(http)] == [
+        ("svc", [("llm", None, 1)], 120), ("svc", [("llm", None, 1)], 120)]
+    traceloop = tree(("a", "", "planner.agent", {"traceloop.span.kind": "agent",
+                                                 "traceloop.entity.name": "planner"}),
+                     ("k", "a", "plan.task", {"traceloop.span.kind": "task"}),
+                     ("m", "k", "openai.chat", {"llm.request.type": "chat"}))
+    assert summary(assemble_all(traceloop)[0]) == ("planner", [("llm", None, 1)], 0)
+
+
+def test_plumbing_errors_reach_the_enclosing_step_or_the_run() -> None:
+    (run,) = assemble_all(langgraph("LangGraph", OI_CHAIN))
+    assert not run.any_error and run.outcome is Outcome.PASS
+    spans = langgraph("LangGraph", OI_CHAIN)
+    failing = next(s for s in spans if s.name == "tools")
+    failing.status_code = 2
+    (run,) = assemble_all(spans)
+    assert run.error and run.outcome is Outcome.FAIL and len(run.steps) == 3
+
+
+GENAI_WORKFLOW = {"gen_ai.operation.name": "invoke_workflow",
+                  "gen_ai.workflow.name": "weather_workflow"}
+
+
+def genai_agent(name: str) -> dict[str, AttrValue]:
+    return {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
+
+
+GENAI_CHAT = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+              "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 1}
+
+
+def test_workflow_root_takes_its_entry_agents_name_and_that_agent_is_no_step() -> None:
+    spans = tree(("w", "", "invoke_workflow weather_workflow", GENAI_WORKFLOW),
+                 ("a", "w", "invoke_agent weather_agent", genai_agent("weather_agent")),
+                 ("m", "a", "chat m", GENAI_CHAT),
+                 ("t", "a", "execute_tool get_weather", {"gen_ai.tool.name": "get_weather"}))
+    (run,) = assemble_all(spans)
+    assert summary(run) == ("weather_agent", [("llm", None, 1), ("tool", "get_weather", 1)],
+                            11)
+    assert run.key.scenario == "weather_workflow" and run.root_span_id == spans[0].span_id
+    traceloop = tree(("w", "", "wf.workflow", {"traceloop.span.kind": "workflow",
+                                               "traceloop.entity.name": "wf",
+                                               "traceloop.workflow.name": "wf"}),
+                     ("a", "w", "weather_agent.agent", {
+                         "traceloop.span.kind": "agent",
+                         "traceloop.entity.name": "weather_agent",
+                         "traceloop.entity.version": "3"}),
+                     ("m", "a", "openai.chat", {"llm.request.type": "chat"}))
+    (run,) = assemble_all(traceloop)
+    assert (run.key.agent, run.key.version, run.key.scenario) == ("weather_agent", "3", "wf")
+    assert [s.action for s in run.steps] == [Action.LLM]
+
+
+def test_workflow_with_a_handoff_keeps_the_entry_agent_and_counts_the_other() -> None:
+    """openai-agents: triage hands off to billing; both agent spans sit below the workflow.
+    The stream stays the entry agent's whether or not the handoff happens."""
+    spans = tree(("w", "", "invoke_workflow Agent workflow", GENAI_WORKFLOW),
+                 ("a", "w", "invoke_agent triage", genai_agent("triage")),
+                 ("m", "a", "chat m", GENAI_CHAT),
+                 ("h", "a", "handoff", {"gen_ai.operation.name": "handoff",
+                                        "gen_ai.transfer.target.name": "billing"}),
+                 ("b", "w", "invoke_agent billing", genai_agent("billing")),
+                 ("n", "b", "chat m", GENAI_CHAT))
+    (run,) = assemble_all(spans)
+    assert summary(run) == ("triage", [("llm", None, 1), ("handoff", "billing", 1),
+                                       ("agent", None, 1), ("llm", None, 2)], 22)
+    (alone,) = assemble_all(spans[:3])
+    assert alone.key == run.key
+
+
+def test_workflow_root_with_its_own_agent_name_keeps_nested_agents_as_steps() -> None:
+    spans = tree(("w", "", "invoke_workflow", {**GENAI_WORKFLOW, "gen_ai.agent.name": "o"}),
+                 ("a", "w", "invoke_agent inner", genai_agent("inner")),
+                 ("m", "a", "chat m", GENAI_CHAT))
+    (run,) = assemble_all(spans)
+    assert summary(run) == ("o", [("agent", None, 1), ("llm", None, 2)], 11)
+
+
+def test_openinference_tool_inventory_reaches_the_run() -> None:
+    schema = json.dumps({"type": "function", "function": {"name": "get_weather"}})
+    spans = tree(("a", "", "weather_agent", OI_AGENT),
+                 ("m", "a", "ChatCompletion", {**OI_LLM,
+                                               "llm.tools.0.tool.json_schema": schema}))
+    (run,) = assemble_all(spans)
+    assert run.attributes["assaywatch.tool_inventory"] == "get_weather"
+    assert run.key.agent == "weather_agent"
+
+
+def test_a_langgraph_node_waits_for_its_graph_before_the_trace_closes() -> None:
+    clock = FakeClock()
+    asm = Assembler(clock=clock, grace_s=1.0)
+    spans = langgraph("LangGraph", OI_CHAIN)
+    root, nodes = spans[0], spans[1:4]  # one model node and its children
+    asm.add(nodes)
+    clock.t += 10
+    assert asm.poll() == [] and asm.pending_traces == 1
+    asm.add([root])
+    clock.t += 10
+    (run,) = asm.poll()
+    assert run.root_span_id == root.span_id and len(run.steps) == 1

@@ -203,6 +203,55 @@ def test_tool_definitions_keep_names_only() -> None:
     assert "SECRET" not in repr(n)
 
 
+def test_tool_inventory_of_each_dialect_names_the_tools_offered() -> None:
+    """gen_ai.tool.definitions (GenAI, Traceloop's openai instrumentation) and
+    OpenInference's flattened llm.tools.<i>.tool.json_schema: names only, in order."""
+    schema = {"type": "function", "function": {"name": "get_weather",
+                                               "description": "SECRET-2", "parameters": {}}}
+    genai = classify(span({"gen_ai.operation.name": "chat", "gen_ai.request.model": "m",
+                           "gen_ai.tool.definitions": json.dumps([
+                               {"type": "function", "name": "get_weather"},
+                               {"type": "function", "name": "get_time"}])}))
+    assert genai.tool_definitions == ("get_weather", "get_time")
+    traceloop = classify(span({"llm.request.type": "chat", "gen_ai.request.model": "m",
+                               "gen_ai.tool.definitions": json.dumps([schema])}))
+    assert traceloop.tool_definitions == ("get_weather",)
+    structured = classify(span({"gen_ai.operation.name": "chat",
+                                "gen_ai.tool.definitions": ({"name": "a"}, {"name": "b"})}))
+    assert structured.tool_definitions == ("a", "b")
+    oi = classify(span({"openinference.span.kind": "LLM", "llm.model_name": "m",
+                        "llm.tools.0.tool.json_schema": json.dumps(schema),
+                        "llm.tools.1.tool.json_schema": json.dumps(
+                            {"type": "function", "function": {"name": "get_time"}}),
+                        "llm.tools.3.tool.json_schema": json.dumps(  # not contiguous
+                            {"type": "function", "function": {"name": "skipped"}})}))
+    assert oi.tool_definitions == ("get_weather", "get_time")
+    assert "SECRET" not in repr((genai, traceloop, oi))
+    # Only an LLM span's flattened tools are its inventory; malformed JSON names nothing.
+    assert classify(span({"openinference.span.kind": "CHAIN",
+                          "llm.tools.0.tool.json_schema": json.dumps(schema)})
+                    ).tool_definitions == ()
+    assert classify(span({"openinference.span.kind": "LLM",
+                          "llm.tools.0.tool.json_schema": "{not json"})).tool_definitions == ()
+
+
+def test_openinference_agent_is_named_after_its_span_and_langgraph_nodes_are_flagged() -> None:
+    named = classify(span({"openinference.span.kind": "AGENT"}, name="weather_agent"))
+    assert (named.agent_name, named.graph_node) == ("weather_agent", False)
+    explicit = classify(span({"openinference.span.kind": "AGENT", "agent.name": "a"},
+                             name="weather_agent"))
+    assert explicit.agent_name == "a"
+    node = classify(span({"openinference.span.kind": "AGENT"}, name="agent"))
+    assert node.is_agent_span and node.graph_node  # runs.py decides from its parent
+    # Only OpenInference marks runnables AGENT by their name.
+    langfuse = classify(span({"langfuse.observation.type": "agent"}, name="agent"))
+    assert (langfuse.agent_name, langfuse.graph_node) == ("agent", False)
+    # A chain can root a run (the outermost one), so its agent name and marks are read.
+    chain = classify(span({"openinference.span.kind": "CHAIN", "agent.name": "c",
+                           "assaywatch.relation": "r"}, name="LangGraph"))
+    assert chain.agent_name == "c" and chain.marks == {"assaywatch.relation": "r"}
+
+
 def test_marks_are_kept_on_possible_roots_only_and_bounded() -> None:
     attrs: dict[str, AttrValue] = {"gen_ai.operation.name": "invoke_agent",
                                    "assaywatch.relation": "paraphrase:p1",
@@ -236,10 +285,11 @@ _KEYS = st.sampled_from([
     "langfuse.observation.usage_details", "langfuse.observation.cost_details",
     "gen_ai.tool.definitions", "gen_ai.evaluation.score.value", "gen_ai.tool.name",
     "assaywatch.evaluation.passed", "llm.output_messages.0.message.content",
-    "traceloop.span.kind", "gen_ai.transfer.target.name", "langfuse.observation.type"])
+    "traceloop.span.kind", "gen_ai.transfer.target.name", "langfuse.observation.type",
+    "llm.tools.0.tool.json_schema", "llm.tools.1.tool.json_schema"])
 _VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
-    | st.sampled_from(["chat", "TOOL", "agent", "[1,", '{"total": "x"}', '["a", {}]']),
+    | st.sampled_from(["chat", "TOOL", "LLM", "agent", "[1,", '{"total": "x"}', '["a", {}]']),
     lambda inner: st.lists(inner, max_size=3).map(tuple)
     | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
 
