@@ -45,8 +45,12 @@ def read_baselines(paths: Sequence[str]) -> list[Any]:
     return out
 
 
-def load_runs(paths: Sequence[str], *, strict: bool, policy: Any = None) -> tuple[list[Any], Any]:
-    """Runs of span files; a strict-mode read error becomes a usage error (exit 3)."""
+def load_runs(paths: Sequence[str], *, strict: bool, policy: Any = None,
+              role: str = "span") -> tuple[list[Any], Any]:
+    """Runs of span files. Exit 3 (a usage error naming the files) for a strict-mode read
+    error, an unreadable or truncated file, or files that yield no run at all: an input
+    problem must never reach the gate as a verdict about the agent. ``role`` names the
+    files in the message ("candidate", "baseline span", ...)."""
     from assaywatch.monitor.offline.load import load_runs as _load
     from assaywatch.monitor.pipeline.outcome import ContractRules
     from assaywatch.monitor.receivers.files.errors import SpanFileError
@@ -61,11 +65,13 @@ def load_runs(paths: Sequence[str], *, strict: bool, policy: Any = None) -> tupl
             except ValueError as exc:
                 raise usage_error(f"contracts: {exc}") from None
     try:
-        return _load(paths, strict=strict, rules=rules, score_threshold=threshold)
+        runs, stats = _load(paths, strict=strict, rules=rules, score_threshold=threshold)
     except SpanFileError as exc:
         raise usage_error(f"{exc} (use without --strict to skip bad records)") from None
     except OSError as exc:
         raise usage_error(f"cannot read {exc.filename}: {exc.strerror}") from None
+    check_loaded(paths, len(runs), stats, role)
+    return runs, stats
 
 
 def build_baselines(runs: Sequence[Any], tools: Sequence[str] | None = None,
@@ -81,3 +87,30 @@ def build_baselines(runs: Sequence[Any], tools: Sequence[str] | None = None,
                 tool_source="config" if tools else "observed", source=source)
         b.add(run)
     return [builders[k].freeze() for k in sorted(builders)]
+
+
+def check_loaded(paths: Sequence[str], n_runs: int, stats: Any, role: str) -> None:
+    """Exit 3 when span files were unreadable or truncated, or yielded no run at all."""
+    if stats.file_issues:
+        raise usage_error(f"{role} file {stats.file_issues[0]}; fix or re-export the file")
+    if n_runs == 0:
+        found = (f"{stats.spans} spans read, none forming an agent run"
+                 if stats.spans else "no spans read")
+        skipped = (f"; {stats.issues} bad records skipped, first: {stats.issue_samples[0]}"
+                   if stats.issues else "")
+        raise usage_error(
+            f"{role} files {', '.join(paths)}: {found}{skipped}. Give OTLP JSON Lines or "
+            "Collector proto span exports of the agent (`assaywatch record`, "
+            "ASSAYWATCH_SPANS_FILE)")
+
+
+def check_contracts(cfg: Any, where: str) -> None:
+    """A monitor config's ``contracts`` section must parse: a typo fails at start."""
+    from assaywatch.monitor.config import ConfigError
+    from assaywatch.monitor.pipeline.outcome import ContractRules
+
+    if cfg.contracts:
+        try:
+            ContractRules.from_dict(cfg.contracts)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None

@@ -32,6 +32,7 @@ COMMANDS = (
     "plan",
     "mutate",
     "demo",
+    "record",
     "dashboards",
 )
 
@@ -75,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args))
     except UsageError as exc:
         print(f"assaywatch: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a file, directory or port the command was given or needs
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"assaywatch: error:{where} {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("assaywatch: interrupted", file=sys.stderr)

@@ -77,6 +77,12 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         args.at = args.runs // 2
     if args.metrics is None:
         args.metrics = env.get("ASSAYWATCH_METRICS", "").strip() or DEFAULT_METRICS
+    from assaywatch.monitor.config import ConfigError, parse_hostport
+
+    try:
+        parse_hostport(args.metrics, "--metrics (or ASSAYWATCH_METRICS)")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     if args.runs < 2 or not 0 < args.at < args.runs:
         raise UsageError(f"need 0 < --at < --runs, got --at {args.at} --runs {args.runs} "
                          "(for example --runs 400 --at 200)")

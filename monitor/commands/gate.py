@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                                               keep_runs=baseline_runs)
     if not baselines:
         raise usage_error(f"no baseline streams in {', '.join(args.baseline)}")
-    runs, stats = load_runs(args.candidate, strict=args.strict, policy=policy)
+    runs, stats = load_runs(args.candidate, strict=args.strict, policy=policy,
+                            role="candidate")
     inputs = {"baseline_files": args.baseline, "candidate_files": args.candidate,
               "candidate": stats.to_dict()}
     if bstats is not None:

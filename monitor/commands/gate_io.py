@@ -48,7 +48,8 @@ def baselines_from_inputs(paths: list[str], strict: bool, policy: Any,
     baselines = read_baselines(files)
     stats = None
     if spans:
-        runs, stats = load_runs(spans, strict=strict, policy=policy)
+        runs, stats = load_runs(spans, strict=strict, policy=policy,
+                                role="baseline span")
         baselines.extend(build_baselines(runs, source=", ".join(spans)))
         if keep_runs is not None:
             keep_runs.extend(runs)

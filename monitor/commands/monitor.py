@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Any:
+    from assaywatch.monitor.commands._common import check_contracts
     from assaywatch.monitor.commands.errors import UsageError
     from assaywatch.monitor.config import ConfigError, MonitorConfig, parse_hostport
 
@@ -65,6 +66,7 @@ def load_config(args: argparse.Namespace) -> Any:
             cfg.baselines = list(cfg.baselines) + list(args.baseline)
         if not cfg.listen.metrics:
             raise ConfigError("the metrics address cannot be empty")
+        check_contracts(cfg, args.config or "config")
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     return cfg
@@ -91,15 +93,19 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from assaywatch.monitor.commands.errors import UsageError
+    from assaywatch.monitor.service.state import StateError
+
     cfg = load_config(args)
-    monitor = Monitor(cfg, load_baselines(cfg.baselines))
+    try:
+        monitor = Monitor(cfg, load_baselines(cfg.baselines))
+    except StateError as exc:
+        raise UsageError(str(exc)) from None
     try:
         addresses = monitor.start()
-    except OSError as exc:
-        from assaywatch.monitor.commands.errors import UsageError
-
-        monitor.stop()
-        raise UsageError(f"cannot listen: {exc}; pick another HOST:PORT") from None
+    except (OSError, StateError) as exc:
+        monitor.stop(save=False)
+        raise UsageError(str(exc)) from None
     print("assaywatch monitor listening " + " ".join(f"{k}={v}" for k, v in addresses.items()),
           flush=True)
     done = threading.Event()

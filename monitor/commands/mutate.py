@@ -48,7 +48,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from assaywatch.monitor.commands._common import check_files, is_baseline_file, usage_error
+    from assaywatch.monitor.commands._common import (
+        check_files,
+        check_loaded,
+        is_baseline_file,
+        usage_error,
+    )
     from assaywatch.monitor.commands.gate_io import load_policy
     from assaywatch.monitor.config import ConfigError, MonitorConfig
     from assaywatch.monitor.offline.load import load_runs
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                                 score_threshold=cfg.evaluation_threshold)
     except SpanFileError as exc:
         raise usage_error(f"{exc} (use without --strict to skip bad records)") from None
+    check_loaded(args.baseline, len(runs), stats, "baseline span")
     if args.runs is not None:
         if args.runs < 4:
             raise usage_error(f"--runs must be at least 4, got {args.runs}")

@@ -27,17 +27,29 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from assaywatch.monitor.commands._common import check_files, read_baselines, usage_error
+    from assaywatch.monitor.commands._common import (
+        check_contracts,
+        check_files,
+        check_loaded,
+        read_baselines,
+        usage_error,
+    )
     from assaywatch.monitor.config import ConfigError, MonitorConfig
     from assaywatch.monitor.offline.replay import replay
+    from assaywatch.monitor.receivers.files.errors import SpanFileError
 
     check_files(args.files, "span file")
     try:
         cfg = MonitorConfig.load(args.config) if args.config else MonitorConfig()
+        check_contracts(cfg, args.config or "config")
     except ConfigError as exc:
         raise usage_error(str(exc)) from None
     baselines = read_baselines(list(cfg.baselines) + list(args.baseline or []))
-    result = replay(args.files, cfg, baselines, strict=args.strict)
+    try:
+        result = replay(args.files, cfg, baselines, strict=args.strict)
+    except SpanFileError as exc:
+        raise usage_error(f"{exc} (use without --strict to skip bad records)") from None
+    check_loaded(args.files, result.stats.runs, result.stats, "span")
     for ev in result.alarms:
         if args.json:
             print(json.dumps(ev.to_dict(), sort_keys=True, default=str))

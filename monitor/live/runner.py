@@ -19,8 +19,11 @@ Scheduling: scenarios are served round robin among those still undecided, so a s
 scenario does not starve the others; ``--jobs K`` keeps K runs in flight. Runs that finish
 after their stream decided are counted as spent but not used. A candidate that exits
 non-zero without a run counts as one failed run of its scenario, with the exit code kept
-in the report; Ctrl-C stops dispatching, ends the children and reports what was gathered
-(undecided streams are Inconclusive: manual review, exit 2).
+in the report, once the command has produced a run; if its first three invocations all
+fail without one, the command itself is broken (not found, wrong directory): the gate
+stops with exit 3, "the candidate command failed", its exit status and stderr tail.
+Ctrl-C stops dispatching, ends the children and reports what was gathered (undecided
+streams are Inconclusive: manual review, exit 2).
 
 **Proxy** (``--proxy-run COMMAND2``, monitor/live/fidelity.py): after each target run the
 same worker runs COMMAND2 on the same scenario and index (``ASSAYWATCH_TRIAL_INDEX``, plus
@@ -35,9 +38,11 @@ import itertools
 import logging
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from typing import IO
 
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.fingerprint import fingerprint
@@ -51,10 +56,13 @@ from assaywatch.monitor.offline.gate import match_baseline
 
 logger = logging.getLogger(__name__)
 
-#: Consecutive error-free invocations without spans after which the gate gives up.
+#: Error-free invocations in a row without spans, or failed invocations before any run
+#: at all, after which the gate gives up (exit 3: an input problem, not a verdict).
 MAX_SILENT = 3
 #: Seconds to wait for the spans of an invocation that exited cleanly.
 SPAN_WAIT_S = 3.0
+#: Bytes of a failed invocation's stderr kept for the error message.
+STDERR_TAIL_BYTES = 2048
 
 
 class LiveGate:
@@ -94,6 +102,10 @@ class LiveGate:
         self._stop = False
         self._error: Exception | None = None
         self._procs: set[subprocess.Popen[str]] = set()
+        #: each child's stderr goes to a temporary file; the tail of the last failure is
+        #: kept for the "the candidate command failed" message
+        self._stderr: dict[subprocess.Popen[str], IO[bytes]] = {}
+        self._last_failure: tuple[int | None, str] = (None, "")
         self._ids = itertools.count(1)
         self._t0 = time.monotonic()
         self.interrupted = False
@@ -216,6 +228,9 @@ class LiveGate:
             self.spend.invocations += 1
             if exit_code != 0 and not self.interrupted:
                 self.spend.crashed.append((invocation, exit_code))
+                if (not runs and self.spend.runs == 0 and self._error is None
+                        and len(self.spend.crashed) >= MAX_SILENT):
+                    self._error = self._command_failed()
             if not runs and exit_code == 0:
                 self._silent += 1
                 if self._silent >= MAX_SILENT and self._error is None:
@@ -266,12 +281,18 @@ class LiveGate:
     # -- executing --------------------------------------------------------------------
     def _spawn(self, env: dict[str, str], loop: bool,
                command: str | None = None) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            command or self.command, shell=True, env=env, text=True,
-            stdin=subprocess.PIPE if loop else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if loop else subprocess.DEVNULL)
+        err = tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(
+                command or self.command, shell=True, env=env, text=True,
+                stdin=subprocess.PIPE if loop else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if loop else subprocess.DEVNULL, stderr=err)
+        except BaseException:
+            err.close()
+            raise
         with self._lock:
             self._procs.add(proc)
+            self._stderr[proc] = err
         return proc
 
     def _reap(self, proc: subprocess.Popen[str]) -> int | None:
@@ -280,7 +301,26 @@ class LiveGate:
         finally:
             with self._lock:
                 self._procs.discard(proc)
+                err = self._stderr.pop(proc, None)
+        if err is not None:
+            with err:
+                if code != 0:
+                    err.seek(max(0, err.seek(0, os.SEEK_END) - STDERR_TAIL_BYTES))
+                    tail = err.read().decode("utf-8", "replace").strip()
+                    with self._lock:
+                        self._last_failure = (code, tail)
         return code
+
+    def _command_failed(self) -> LiveUsageError:
+        code, tail = self._last_failure
+        lines = tail.splitlines()[-5:]
+        shown = ("; its stderr ends with: " + " | ".join(lines)) if lines else \
+            "; it wrote nothing on stderr"
+        return LiveUsageError(
+            f"the candidate command failed: {len(self.spend.crashed)} invocations of "
+            f"{self.command!r} exited with a non-zero status (last: {code}) without "
+            f"sending a run{shown}. Check that the command runs from this directory; "
+            "this is not a verdict about the agent")
 
     def _env(self, inv: str, scenario: str, index: int, proxy: bool) -> dict[str, str]:
         env = invocation_env(self.env, self.collector.endpoint, inv, scenario, index)

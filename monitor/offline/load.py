@@ -46,6 +46,8 @@ class LoadStats:
     runs: int = 0
     issues: int = 0
     issue_samples: list[str] = field(default_factory=list)
+    #: Problems with a whole file (unreadable, truncated), not one record of it.
+    file_issues: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -82,6 +84,8 @@ def iter_runs(paths: Sequence[str], *, strict: bool = False,
 
     def on_error(issue: ReadIssue) -> None:
         stats.issues += 1
+        if issue.line == 0:
+            stats.file_issues.append(str(issue))
         if len(stats.issue_samples) < MAX_ISSUES_KEPT:
             stats.issue_samples.append(str(issue))
 

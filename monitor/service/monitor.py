@@ -9,8 +9,10 @@ and feeds the engine under a lock the metrics collector shares.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from assaywatch.analyzers.baseline import Baseline
@@ -106,21 +108,24 @@ class Monitor:
         limits = DecodeLimits(keep_keys=READ_KEYS, keep_prefixes=READ_PREFIXES)
         if listen.otlp_grpc:
             host, port = parse_hostport(listen.otlp_grpc, "otlp_grpc")
-            g = GrpcReceiver(self.pipeline, self.counters, host=host, port=port,
-                             max_message_bytes=ing.max_request_bytes, limits=limits)
-            self.addresses["otlp_grpc"] = f"{host}:{g.start()}"
+            with _listener("OTLP/gRPC", listen.otlp_grpc, "--otlp-grpc"):
+                g = GrpcReceiver(self.pipeline, self.counters, host=host, port=port,
+                                 max_message_bytes=ing.max_request_bytes, limits=limits)
+                self.addresses["otlp_grpc"] = f"{host}:{g.start()}"
             self._servers.append(g)
         if listen.otlp_http:
             host, port = parse_hostport(listen.otlp_http, "otlp_http")
-            h = HttpReceiver(self.pipeline, self.counters, host=host, port=port,
-                             max_body_bytes=ing.max_request_bytes,
-                             max_decompressed_bytes=ing.max_decompressed_bytes,
-                             limits=limits)
-            self.addresses["otlp_http"] = f"{host}:{h.start()}"
+            with _listener("OTLP/HTTP", listen.otlp_http, "--otlp-http"):
+                h = HttpReceiver(self.pipeline, self.counters, host=host, port=port,
+                                 max_body_bytes=ing.max_request_bytes,
+                                 max_decompressed_bytes=ing.max_decompressed_bytes,
+                                 limits=limits)
+                self.addresses["otlp_http"] = f"{host}:{h.start()}"
             self._servers.append(h)
         host, port = parse_hostport(listen.metrics, "metrics")
-        status = StatusServer(self, host, port)
-        self.addresses["metrics"] = f"{host}:{status.start()}"
+        with _listener("metrics", listen.metrics, "--metrics"):
+            status = StatusServer(self, host, port)
+            self.addresses["metrics"] = f"{host}:{status.start()}"
         self._servers.append(status)
         self._checkpoint_thread = threading.Thread(target=self._checkpoint_loop,
                                                    name="assaywatch-checkpoint", daemon=True)
@@ -128,8 +133,9 @@ class Monitor:
         self.ready.set()
         return self.addresses
 
-    def stop(self) -> None:
-        """Stop receiving, close pending runs, write the last checkpoint."""
+    def stop(self, save: bool = True) -> None:
+        """Stop receiving, close pending runs, write the last checkpoint (unless ``save``
+        is False: a start that failed must not overwrite the state it could not read)."""
         self.ready.clear()
         self._stopping.set()
         for server in self._servers:
@@ -138,10 +144,24 @@ class Monitor:
                     server.stop()
                 except Exception:
                     logger.exception("stopping %s failed", server)
-        self.pipeline.stop(flush=True)
+        self.pipeline.stop(flush=save)
         try:
-            self.checkpoint()
+            if save:
+                self.checkpoint()
         finally:
             for server in self._servers:
                 if server.__class__.__name__ == "StatusServer":
                     server.stop()
+
+
+@contextlib.contextmanager
+def _listener(name: str, address: str, flag: str) -> Iterator[None]:
+    """Turn a failed bind into one OSError naming the listener, its address and the flag."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.strerror is None:  # the receiver phrased it already, naming itself
+            raise
+        raise OSError(f"the {name} listener cannot bind {address}: {exc.strerror} (another "
+                      f"process, perhaps a second monitor, may hold it); pick another "
+                      f"HOST:PORT with {flag}") from exc

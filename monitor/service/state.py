@@ -24,17 +24,34 @@ STATE_SCHEMA = 1
 DB_NAME = "state.sqlite"
 
 
+class StateError(Exception):
+    """The state dir cannot be used as it is: the monitor refuses to start (exit 3) and
+    leaves the files untouched, so nothing a user may want back is overwritten."""
+
+
 class StateStore:
     """``save(blob_by_name)`` / ``load() -> dict`` in one SQLite file under ``state_dir``."""
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.dir = Path(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"state dir {self.dir} cannot be created: "
+                             f"{exc.strerror or exc} (is it a file?)") from None
         self.path = self.dir / DB_NAME
         self._lock = threading.Lock()
-        with self._connect() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            db.execute("CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, value BLOB)")
+        try:
+            with self._connect() as db:
+                db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+                db.execute("CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, "
+                           "value BLOB)")
+        except sqlite3.Error as exc:
+            raise self._unusable(f"not a readable state database ({exc})") from None
+
+    def _unusable(self, why: str) -> StateError:
+        return StateError(f"{self.path}: {why}. It was left untouched: move the state dir "
+                          "away (or give --state-dir an empty directory) to start fresh")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=10)
@@ -52,20 +69,23 @@ class StateStore:
                        (str(STATE_SCHEMA),))
 
     def load(self) -> dict[str, Any]:
-        with self._lock, self._connect() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                return {}
-            if row[0] != str(STATE_SCHEMA):
-                logger.warning("state in %s has schema %s, this version writes %s: starting "
-                               "fresh (move the directory away to keep it)", self.path, row[0],
-                               STATE_SCHEMA)
-                return {}
-            out: dict[str, Any] = {}
-            for name, value in db.execute("SELECT name, value FROM blobs"):
-                try:
-                    out[name] = pickle.loads(value)
-                except Exception:
-                    logger.exception("checkpoint item %r in %s is unreadable: ignored",
-                                     name, self.path)
-            return out
+        """The last checkpoint; raises :class:`StateError` when it cannot be read whole."""
+        try:
+            with self._lock, self._connect() as db:
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+                if row is None:
+                    return {}
+                if row[0] != str(STATE_SCHEMA):
+                    raise self._unusable(f"schema {row[0]}, and this version reads schema "
+                                         f"{STATE_SCHEMA}")
+                items = list(db.execute("SELECT name, value FROM blobs"))
+        except sqlite3.Error as exc:
+            raise self._unusable(f"not a readable state database ({exc})") from None
+        out: dict[str, Any] = {}
+        for name, value in items:
+            try:
+                out[name] = pickle.loads(value)
+            except Exception as exc:
+                raise self._unusable(f"checkpoint item {name!r} is unreadable "
+                                     f"({type(exc).__name__})") from None
+        return out

@@ -5,7 +5,8 @@ Behaviour from the environment (set by the tests):
 ``SIM_PASS_RATE``  probability that a run passes (recorded with ``record_evaluation``)
 ``SIM_TOOLS``      tool mix, ``name:weight,name:weight``
 ``SIM_SEED``       base seed; each run draws from (seed, scenario, run index)
-``SIM_CRASH``      probability that an invocation exits with code 7 before any run
+``SIM_CRASH``      probability that an invocation exits with code 7 before any run, drawn
+                   from (seed, scenario, run index) so a test knows which ones crash
 ``SIM_VERSION``    agent version (default 1.0)
 ``SIM_PROXY``      ``1``: run as the cheaper proxy of the same agent (``gate --proxy-run``):
                    same steps and the same per-input draws as the target on the same
@@ -85,7 +86,12 @@ def main() -> None:
     if len(sys.argv) >= 4 and sys.argv[1] == "--spans":
         write_spans(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
         return
-    if random.random() < float(os.environ.get("SIM_CRASH", "0")):
+    crash = float(os.environ.get("SIM_CRASH", "0"))
+    draw = random.Random(f"{os.environ.get('SIM_SEED', '0')}:"
+                         f"{os.environ.get('ASSAYWATCH_SCENARIO', '')}:"
+                         f"{os.environ.get('ASSAYWATCH_RUN_INDEX', '0')}:crash").random()
+    if draw < crash:
+        print("sim_agent: simulated crash before any run", file=sys.stderr)
         sys.exit(7)
     instrument(frameworks=[])
     scenario = os.environ.get("ASSAYWATCH_SCENARIO", "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -72,11 +73,35 @@ def test_tool_mix_change_is_caught_by_the_fingerprint_test(baseline: Path) -> No
     assert _runs(swapped.stdout) < _runs(unchanged.stdout)
 
 
+def _crashes(seed: str, scenario: str, indices: range, p: float) -> list[bool]:
+    """Which runs sim_agent crashes, by its documented (seed, scenario, index) draw."""
+    return [random.Random(f"{seed}:{scenario}:{i}:crash").random() < p for i in indices]
+
+
 def test_crashing_candidate_counts_failed_runs_and_blocks(baseline: Path) -> None:
-    r = _gate(baseline, env=_env(SIM_CRASH="1"))
+    # a third of the invocations crash before their run: each is a failed run, and a
+    # 0.9 agent that fails a third of the time more is a regression
+    seed = BASE_ENV.get("SIM_SEED", "0")
+    assert not all(_crashes(seed, "refund", range(3), 0.35))  # the command itself works
+    r = _gate(baseline, env=_env(SIM_CRASH="0.35"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "failed invocations" in r.stdout and "Traceback" not in r.stderr
     assert "sprt         fail" in r.stdout
+
+
+def test_candidate_command_that_never_runs_is_invalid_input(baseline: Path) -> None:
+    r = _gate(baseline, env=_env(SIM_CRASH="1"))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "the candidate command failed" in r.stderr and "(last: 7)" in r.stderr
+    assert "simulated crash before any run" in r.stderr  # its stderr tail
+    assert "Traceback" not in r.stderr and "BLOCK" not in r.stdout
+
+
+def test_command_not_found_is_invalid_input(baseline: Path) -> None:
+    r = _gate(baseline, env=_env(), cmd="pythn-no-such-command agent.py")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "the candidate command failed" in r.stderr and "(last: 127)" in r.stderr
+    assert "not found" in r.stderr
 
 
 def test_too_small_budget_is_inconclusive(baseline: Path, tmp_path: Path) -> None:

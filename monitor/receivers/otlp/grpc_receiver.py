@@ -126,6 +126,9 @@ class GrpcReceiver:
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+                # gRPC binds with SO_REUSEPORT by default: a second process on the same
+                # port would start silently and take part of the traffic. Refuse instead.
+                ("grpc.so_reuseport", 0),
             ],
         )
         handler = grpc.method_handlers_generic_handler(
@@ -143,7 +146,8 @@ class GrpcReceiver:
         try:
             port = server.add_insecure_port(address)
         except RuntimeError as exc:
-            raise OSError(f"OTLP/gRPC receiver cannot bind {address}: {exc}") from exc
+            raise OSError(f"OTLP/gRPC receiver cannot bind {address} (in use?): {exc}; "
+                          "choose another port with --otlp-grpc HOST:PORT") from exc
         if port == 0:
             raise OSError(
                 f"OTLP/gRPC receiver cannot bind {address} (in use?); "
