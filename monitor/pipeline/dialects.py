@@ -48,6 +48,7 @@ STEP_ROOT_KINDS = frozenset({Kind.LLM, Kind.EMBEDDING, Kind.TOOL, Kind.RETRIEVE,
 GRAPH_NODE_NAMES = frozenset({"agent"})
 #: OpenInference's flattened tool inventory of an LLM span: ``llm.tools.<i>.tool.json_schema``.
 OI_TOOLS_PREFIX, OI_TOOLS_SUFFIX = "llm.tools.", ".tool.json_schema"
+OI_FIRST_TOOL_KEY = f"{OI_TOOLS_PREFIX}0{OI_TOOLS_SUFFIX}"
 MAX_TOOL_DEFINITIONS = 256
 
 K = Kind

@@ -63,6 +63,7 @@ from assaywatch.monitor.pipeline.dialects import (
     MAX_MARK_CHARS,
     MAX_MARKS,
     MODEL_KEYS,
+    OI_FIRST_TOOL_KEY,
     OPENINFERENCE_KINDS,
     OPERATION_KINDS,
     OUTPUT_TOKEN_KEYS,
@@ -149,6 +150,13 @@ _SHARED = _Shared()
 share = _SHARED.__getitem__
 
 
+#: Module-level aliases of the kinds ``classify`` compares with: a global look-up costs a
+#: fraction of an ``Enum`` class attribute look-up (hot path).
+_LLM, _TOOL, _HANDOFF, _AGENT = Kind.LLM, Kind.TOOL, Kind.HANDOFF, Kind.AGENT
+_WORKFLOW, _CHAIN, _OTHER, _GENERIC = Kind.WORKFLOW, Kind.CHAIN, Kind.OTHER, Kind.GENERIC
+_OI_KIND = "openinference.span.kind"
+
+
 def _kind(span: SpanRecord, attrs: Mapping[str, AttrValue]) -> tuple[Kind, str | None]:
     """(kind, which dialect key decided it) in the precedence of the module docstring."""
     marked = False
@@ -164,17 +172,17 @@ def _kind(span: SpanRecord, attrs: Mapping[str, AttrValue]) -> tuple[Kind, str |
             if kind is not None:
                 return kind, key
     if attrs.get("mcp.method.name") == "tools/call":
-        return Kind.TOOL, "mcp.method.name"
+        return _TOOL, "mcp.method.name"
     if "gen_ai.tool.name" in attrs or "gen_ai.tool.call.id" in attrs:
-        return Kind.TOOL, "gen_ai.tool.name"
+        return _TOOL, "gen_ai.tool.name"
     prefix, dot, suffix = span.name.partition(".")
     if dot and prefix in PROVIDER_SPAN_PREFIXES:
         kind = PROVIDER_SPAN_SUFFIXES.get(suffix)
         if kind is not None:
             return kind, "span.name"
     if first_value(attrs, MODEL_KEYS) is not None:
-        return Kind.LLM, "model"
-    return (Kind.OTHER if marked else Kind.GENERIC), None
+        return _LLM, "model"
+    return (_OTHER if marked else _GENERIC), None
 
 
 def _tool_name(span: SpanRecord, attrs: Mapping[str, AttrValue], by: str | None) -> str | None:
@@ -213,19 +221,19 @@ def classify(span: SpanRecord) -> NormalizedSpan:
     attrs = span.attributes
     kind, by = _kind(span, attrs)
     tool: str | None = None
-    if kind is Kind.TOOL:
+    if kind is _TOOL:
         tool = _tool_name(span, attrs, by)
         if _is_handoff(span, attrs, tool):
-            kind = Kind.HANDOFF
+            kind = _HANDOFF
             tool = _handoff_target(span, attrs, tool)
-    elif kind is Kind.HANDOFF:
+    elif kind is _HANDOFF:
         tool = _handoff_target(span, attrs, as_str(attrs.get("gen_ai.tool.name")))
-    is_agent = (kind is Kind.WORKFLOW or kind is Kind.AGENT) and (
+    is_agent = (kind is _WORKFLOW or kind is _AGENT) and (
         attrs.get("gen_ai.operation.name") != "create_agent")
     is_entry = span.kind in SERVER_KINDS
     # An outermost chain roots a run when no agent span encloses it (runs.py).
-    may_root = is_agent or kind is Kind.CHAIN or is_entry or not span.parent_span_id
-    graph_node = (kind is Kind.AGENT and by == "openinference.span.kind"
+    may_root = is_agent or kind is _CHAIN or is_entry or not span.parent_span_id
+    graph_node = (kind is _AGENT and by == _OI_KIND
                   and span.name in GRAPH_NODE_NAMES)
 
     agent_name = version = None
@@ -233,10 +241,10 @@ def classify(span: SpanRecord) -> NormalizedSpan:
         tl_kind = attrs.get("traceloop.span.kind")
         lf_type = attrs.get("langfuse.observation.type")
         agent_name = as_str(first_value(attrs, ("gen_ai.agent.name", "agent.name")))
-        if agent_name is None and kind is Kind.AGENT:
+        if agent_name is None and kind is _AGENT:
             if tl_kind == "agent":
                 agent_name = as_str(attrs.get("traceloop.entity.name"))
-            elif lf_type == "agent" or by == "openinference.span.kind":
+            elif lf_type == "agent" or by == _OI_KIND:
                 # Langfuse names agent observations after the agent; so do OpenInference's
                 # ``@tracer.agent`` and LangChain/LangGraph (the runnable's, the graph's name).
                 agent_name = span.name or None
@@ -251,7 +259,7 @@ def classify(span: SpanRecord) -> NormalizedSpan:
     in_tok = out_tok = 0
     cost: float | None = None
     out_len: int | None = None
-    if kind is not Kind.GENERIC:  # HTTP/DB spans carry no usage: skip the look-ups
+    if kind is not _GENERIC:  # HTTP/DB spans carry no usage: skip the look-ups
         provider = as_str(first_value(attrs, PROVIDER_KEYS))
         if provider is not None:
             provider = PROVIDER_RENAMES.get(provider, provider)
@@ -283,7 +291,7 @@ def classify(span: SpanRecord) -> NormalizedSpan:
     defs = attrs.get("gen_ai.tool.definitions")
     if defs is not None:
         tool_defs = tool_definitions_of(defs)
-    elif kind is Kind.LLM and by == "openinference.span.kind":
+    elif by == _OI_KIND and kind is _LLM and OI_FIRST_TOOL_KEY in attrs:
         tool_defs = openinference_tools_of(attrs)
     else:
         tool_defs = ()

@@ -86,6 +86,7 @@ INVENTORY_KEY = "assaywatch.tool_inventory"
 MAX_INVENTORY = 64
 UNKNOWN_SERVICE = "unknown_service"
 _LLMISH = (Kind.LLM, Kind.EMBEDDING)
+_AGENT, _WORKFLOW, _CHAIN, _GENERIC = Kind.AGENT, Kind.WORKFLOW, Kind.CHAIN, Kind.GENERIC
 
 
 class Node:
@@ -160,7 +161,7 @@ def _is_plumbing(node: Node, nodes: dict[str, Node]) -> bool:
     a LangChain runnable, a LangGraph node or edge) or a LangGraph model node named
     ``agent`` below its graph. Not a step, not a nesting level."""
     s = node.norm
-    return s.kind is Kind.CHAIN or (s.graph_node and _under_container(node, nodes))
+    return s.kind is _CHAIN or (s.graph_node and _under_container(node, nodes))
 
 
 def _roots_run(node: Node, nodes: dict[str, Node], genai_above: bool) -> bool:
@@ -168,7 +169,7 @@ def _roots_run(node: Node, nodes: dict[str, Node], genai_above: bool) -> bool:
     (not a LangGraph node below its graph), or an outermost chain (no GenAI span above it,
     and not a fragment whose parent never arrived)."""
     s = node.norm
-    if s.kind is Kind.CHAIN:
+    if s.kind is _CHAIN:
         return not genai_above and (not node.parent_id or node.parent_id in nodes
                                     or s.is_entry)
     return s.is_agent_span and not (s.graph_node and _under_container(node, nodes))
@@ -185,7 +186,7 @@ def _entry_agent(root: Node, children: dict[str, list[Node]],
         c = stack.pop()
         if _is_plumbing(c, nodes):
             stack.extend(children.get(c.span_id, ()))
-        elif c.norm.kind is Kind.AGENT and c.norm.is_agent_span and (
+        elif c.norm.kind is _AGENT and c.norm.is_agent_span and (
                 best is None or _order(c) < _order(best)):
             best = c
     return best
@@ -223,16 +224,17 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
             node, depth, run, parent, genai_above = stack.pop()
             visited += 1
             kids = children.get(node.span_id, ())
+            s = node.norm
             if run is None and _roots_run(node, nodes, genai_above):
-                s = node.norm
                 run = _RunParts(node, _entry_agent(node, children, nodes)
-                                if s.kind is Kind.WORKFLOW and not s.agent_name else None)
+                                if s.kind is _WORKFLOW and not s.agent_name else None)
                 runs.append(run)
                 has_run.add(top.span_id)
                 for c in kids:
                     stack.append((c, 1, run, node.span_id, True))
                 continue
-            hide = _is_plumbing(node, nodes) or (run is not None and node is run.absorbed)
+            hide = (s.kind is _CHAIN or (s.graph_node and _under_container(node, nodes))
+                    or (run is not None and node is run.absorbed))  # _is_plumbing, inlined
             if run is not None:
                 if hide:
                     run.hide(node, parent)
@@ -242,7 +244,7 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
                 out.append((node, depth, parent, hide))
             if not hide:
                 depth, parent = depth + 1, node.span_id
-            genai_above = genai_above or node.norm.kind is not Kind.GENERIC
+            genai_above = genai_above or s.kind is not _GENERIC
             for c in kids:
                 stack.append((c, depth, run, parent, genai_above))
         outside[top.span_id] = out
@@ -250,7 +252,7 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
         counters.add_dropped("span_cycle", len(nodes) - visited)
 
     if not runs:
-        if not keep_non_genai and all(n.norm.kind is Kind.GENERIC for n in nodes.values()):
+        if not keep_non_genai and all(n.norm.kind is _GENERIC for n in nodes.values()):
             counters.add_dropped("no_genai_spans", len(nodes))
             return []
         # The earliest true root, else the earliest entry span whose parent is remote.
@@ -278,7 +280,7 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
                 continue
             if top.span_id in has_run or not top.parent_id or top.norm.is_entry:
                 # Context around the runs (an HTTP handler), not part of any run.
-                stray = sum(not hide and n.norm.kind is not Kind.GENERIC
+                stray = sum(not hide and n.norm.kind is not _GENERIC
                             for n, _, _, hide in out)
                 if stray:
                     counters.add_dropped("outside_run", stray)
@@ -336,7 +338,7 @@ def _make_run(trace_id: str, parts: _RunParts, nodes: dict[str, Node],
         if node.norm.kind in _LLMISH or node.span_id in has_llm:
             has_llm.add(parent)
     kept = [(n, d + shift) for n, d, _ in parts.entries
-            if include_generic or n.norm.kind is not Kind.GENERIC]
+            if include_generic or n.norm.kind is not _GENERIC]
     if root_is_step:
         kept.append((root, 1))
     kept.sort(key=lambda e: _order(e[0]))

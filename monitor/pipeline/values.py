@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from assaywatch.monitor.pipeline.dialects import (
     COST_KEYS,
     MAX_TOOL_DEFINITIONS,
+    OI_FIRST_TOOL_KEY,
     OI_TOOLS_PREFIX,
     OI_TOOLS_SUFFIX,
     OUTPUT_CONTENT_KEYS,
@@ -225,7 +226,7 @@ def tool_definitions_of(v: AttrValue) -> tuple[str, ...]:
 def openinference_tools_of(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
     """Tool names of OpenInference's flattened inventory ``llm.tools.<i>.tool.json_schema``
     (i = 0, 1, ...; at most :data:`MAX_TOOL_DEFINITIONS`); () when the span has none."""
-    v = attrs.get(f"{OI_TOOLS_PREFIX}0{OI_TOOLS_SUFFIX}")
+    v = attrs.get(OI_FIRST_TOOL_KEY)
     if v is None:
         return ()
     names: list[str] = []
