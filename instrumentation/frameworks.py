@@ -8,11 +8,18 @@ built on ``opentelemetry-util-genai``; shared/reference/otel-conventions.md 5.1)
 framework          library probed      instrumentation activated (``...`` =
                                        ``opentelemetry.instrumentation.genai``)
 =================  ==================  ================================================
-``openai``         ``openai``          ``...openai:OpenAIInstrumentor``
+``openai``         ``openai``          ``...openai:OpenAIInstrumentor``, else the
+                                       contrib ``opentelemetry.instrumentation.openai_v2``
+                                       (``opentelemetry-instrumentation-openai-v2``)
 ``anthropic``      ``anthropic``       ``...anthropic:AnthropicInstrumentor``
 ``langchain``      ``langchain_core``  ``...langchain:LangChainInstrumentor``
 ``openai_agents``  ``agents``          ``...openai_agents:OpenAIAgentsInstrumentor``
 =================  ==================  ================================================
+
+The first instrumentation of a framework's list that is installed is activated. A
+framework that is installed while none of its instrumentations is gets a WARNING naming
+the package to install: its calls would otherwise reach the monitor as runs without
+their model steps, and nothing else would say so.
 
 They already emit ``invoke_agent`` / ``chat`` / ``execute_tool`` spans with agent and tool
 names, token usage and ``error.type``, and capture no content unless
@@ -54,17 +61,33 @@ from assaywatch.instrumentation.manual import current_scenario
 
 @dataclass(frozen=True)
 class Framework:
-    """A supported framework: the library to probe and the instrumentor to activate."""
+    """A supported framework: the library to probe and the instrumentor to activate.
+
+    ``alternatives`` are other maintained instrumentations of the same library, as
+    ``(module:Class, distribution)`` pairs, tried in order when ``instrumentor`` is not
+    installed.
+    """
 
     name: str
     library: str
     instrumentor: str
     skip_dep_check: bool = False
+    alternatives: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def distribution(self) -> str:
+        """The PyPI distribution of :attr:`instrumentor`."""
+        return "opentelemetry-instrumentation-genai-" + self.name.replace("_", "-")
+
+    def candidates(self) -> tuple[tuple[str, str], ...]:
+        return ((self.instrumentor, self.distribution), *self.alternatives)
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
     Framework("openai", "openai",
-              "opentelemetry.instrumentation.genai.openai:OpenAIInstrumentor"),
+              "opentelemetry.instrumentation.genai.openai:OpenAIInstrumentor",
+              alternatives=(("opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor",
+                             "opentelemetry-instrumentation-openai-v2"),)),
     Framework("anthropic", "anthropic",
               "opentelemetry.instrumentation.genai.anthropic:AnthropicInstrumentor"),
     # The instrumentation declares ``langchain`` but patches only langchain_core (and
@@ -180,6 +203,10 @@ def _unwrap_tool_invocation() -> None:
         unwrap(module.ToolInvocation, "_apply_finish")
 
 
+#: Start of the skip reason of an installed framework that nothing can instrument.
+_NOT_INSTRUMENTED = "no instrumentation of it is installed"
+
+
 def _disabled_names() -> set[str]:
     raw = os.environ.get(A.ENV_DISABLED_INSTRUMENTATIONS, "")
     return {n.strip() for n in raw.split(",") if n.strip()}
@@ -212,7 +239,12 @@ class FrameworkSet:
                                     disable_openai_trace_export)
             if reason:
                 self.skipped[fw.name] = reason
-                logger.debug("not instrumenting %s: %s", fw.name, reason)
+                if reason.startswith(_NOT_INSTRUMENTED):
+                    logger.warning("%s is installed but %s: its calls will not be traced, "
+                                   "and runs reach the monitor without their %s steps",
+                                   fw.library, reason, fw.name)
+                else:
+                    logger.debug("not instrumenting %s: %s", fw.name, reason)
         if self.active and not self._tool_wrapped:
             self._tool_wrapped = _wrap_tool_invocation()
 
@@ -222,12 +254,21 @@ class FrameworkSet:
             return f"listed in {A.ENV_DISABLED_INSTRUMENTATIONS}"
         if importlib.util.find_spec(fw.library) is None:
             return f"{fw.library} is not installed"
-        module_name, _, cls_name = fw.instrumentor.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), cls_name)
-        except ImportError:
-            dist = "opentelemetry-instrumentation-genai-" + fw.name.replace("_", "-")
-            return f"its instrumentation is not installed (pip install {dist})"
+        cls = None
+        for target, _dist in fw.candidates():
+            module_name, _, cls_name = target.partition(":")
+            try:
+                cls = getattr(importlib.import_module(module_name), cls_name)
+                break
+            except ImportError:
+                continue
+            except Exception:  # installed but broken (a version conflict): say so, go on
+                logger.warning("%s is installed but cannot be imported; trying the next "
+                               "instrumentation of %s", module_name, fw.library,
+                               exc_info=True)
+        if cls is None:
+            names = " or ".join(d for _, d in fw.candidates())
+            return f"{_NOT_INSTRUMENTED} (pip install {names})"
         instrumentor = cls()
         if instrumentor.is_instrumented_by_opentelemetry:
             # Someone else (the app, opentelemetry-instrument) owns it: keep theirs as is.
