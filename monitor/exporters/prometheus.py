@@ -174,11 +174,13 @@ class MonitorCollector(Collector):
                 gauge("assaywatch_hotelling_p_value", "p-value of the windowed Hotelling "
                       "T^2 test.").add_metric(k, st.hotelling_p)
             if st.coverage is not None:
-                rep = st.coverage.report()
+                # Only measured dimensions: one without an inventory (tools observed,
+                # no models or boundaries configured) would read 1.0, "fully covered".
+                # ``overall`` is the geometric mean of the dimensions exported beside it.
                 cov = gauge("assaywatch_coverage_ratio", "Coverage per dimension.",
                             ["dimension"])
-                for dim in COVERAGE_DIMENSIONS:
-                    cov.add_metric(k + [dim], float(getattr(rep, dim)))
+                for dim, value in st.coverage.report().as_dict().items():
+                    cov.add_metric(k + [dim], value)
             if st.recommended_trials is not None:
                 gauge("assaywatch_recommended_trials", "Adaptive budget n*: candidate runs "
                       "recommended per decision.").add_metric(k, st.recommended_trials)
