@@ -191,7 +191,10 @@ class Engine:
         st.detectors = dets
         st.recent_outcomes = deque(maxlen=cfg.hotelling_window)
         st.recent_fps = deque(maxlen=cfg.hotelling_window)
-        st.coverage = CoverageTracker(tools=base.tools)
+        # An observed inventory is the baseline's own tools: nothing to measure against.
+        observed = base.tool_inventory_source == "observed"
+        st.coverage = CoverageTracker(tools=None if observed else base.tools,
+                                      tool_source=base.tool_inventory_source)
 
     def _new_sprt(self, st: StreamState) -> WarmStartSPRT:
         base = st.baseline
