@@ -12,6 +12,12 @@ features), independent of the number of runs: the mean and co-moment matrix are 
 Welford's algorithm, ``delta = x - m; m += delta / n; C += outer(delta, x - m)``, which is
 numerically stable where the naive sum-of-squares formula cancels catastrophically.
 
+Inventories from the wire. When no inventory is given but the runs carry the tools offered
+to their model calls (``Run.attributes[TOOL_INVENTORY_ATTRIBUTE]``, read by the pipeline
+from ``gen_ai.tool.definitions`` or OpenInference tool schemas), the baseline's inventory is
+the union of those and of the tools used, with source ``"definitions"``: tool coverage is
+then measured (an offered tool never used is a coverage gap), not assumed.
+
 Observed inventories. When no tool inventory is given, tools are learned from the runs and
 a tool first seen at run n+1 gets a new column. That is exact, not an approximation: the
 previous n runs all had 0 in that column, so its running mean is 0 and every deviation in
@@ -39,7 +45,7 @@ from assaywatch.analyzers.coverage import (
     coverage_from_counts,
 )
 from assaywatch.analyzers.fingerprint import N_FIXED, feature_names, fingerprint
-from assaywatch.analyzers.model import Outcome, Run, StreamKey
+from assaywatch.analyzers.model import TOOL_INVENTORY_ATTRIBUTE, Outcome, Run, StreamKey
 
 #: Version of the JSON layout written by ``Baseline.to_dict``.
 SCHEMA_VERSION = 1
@@ -307,6 +313,8 @@ class BaselineBuilder:
             max_distinct=max_distinct,
         )
         self._outcomes: Counter[Outcome] = Counter()
+        #: tools offered on the wire (see "Inventories from the wire")
+        self._offered: set[str] = set()
         d = N_FIXED + len(self._tools)
         self._n = 0
         self._mean = np.zeros(d)
@@ -334,6 +342,10 @@ class BaselineBuilder:
         if not self.fixed_tools:
             known = set(self._tools)
             new = sorted({t for t in run.tools_used if t not in known})
+            offered = run.attributes.get(TOOL_INVENTORY_ATTRIBUTE)
+            if offered:
+                self._offered.update(t for t in offered.split(",") if t)
+                new = sorted(set(new) | {t for t in self._offered if t not in known})
             if new:
                 self._grow(new)
         x = fingerprint(run, self._tools)
@@ -367,7 +379,8 @@ class BaselineBuilder:
             fails=self._outcomes[Outcome.FAIL],
             unknown=self._outcomes[Outcome.UNKNOWN],
             tools=tools,
-            tool_inventory_source=self.tool_source,
+            tool_inventory_source="definitions" if self._offered and not self.fixed_tools
+            else self.tool_source,
             feature_names=tuple(feature_names(tools)),
             mean=mean,
             cov=cov,

@@ -41,6 +41,12 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
+
+#: ``Run.attributes`` key of the tool inventory seen on the wire: the sorted,
+#: comma-separated names of the tools offered to the run's model calls
+#: (``gen_ai.tool.definitions``, OpenInference ``llm.tools.<i>.tool.json_schema``).
+TOOL_INVENTORY_ATTRIBUTE = "assaywatch.tool_inventory"
+
 @dataclass(frozen=True, slots=True, order=True)
 class StreamKey:
     """(agent, version, scenario): the unit every detector and baseline is kept for."""

@@ -66,7 +66,7 @@ children's usage on the container, which would count every token twice.
 
 from __future__ import annotations
 
-from assaywatch.analyzers.model import Action, Run, Step, StreamKey
+from assaywatch.analyzers.model import TOOL_INVENTORY_ATTRIBUTE, Action, Run, Step, StreamKey
 from assaywatch.monitor.pipeline.dialects import STEP_ROOT_KINDS
 from assaywatch.monitor.pipeline.normalize import CONTAINER_KINDS, Kind, NormalizedSpan, share
 from assaywatch.monitor.pipeline.outcome import (
@@ -82,7 +82,7 @@ REASON_KEY = "assaywatch.outcome.reason"
 #: ``Run.attributes`` key of the tool inventory: the sorted names of the tools offered to the
 #: run's model calls (``gen_ai.tool.definitions``, OpenInference ``llm.tools.<i>.tool.
 #: json_schema``), comma-separated, at most :data:`MAX_INVENTORY` names.
-INVENTORY_KEY = "assaywatch.tool_inventory"
+INVENTORY_KEY = TOOL_INVENTORY_ATTRIBUTE
 MAX_INVENTORY = 64
 UNKNOWN_SERVICE = "unknown_service"
 _LLMISH = (Kind.LLM, Kind.EMBEDDING)

@@ -9,10 +9,9 @@ from assaywatch.analyzers.baseline import (
     SCHEMA_VERSION,
     Baseline,
     BaselineBuilder,
-    baselines_from_json,
-    baselines_to_json,
     build_baseline,
 )
+from assaywatch.analyzers.baseline_file import baselines_from_json, baselines_to_json
 from assaywatch.analyzers.fingerprint import feature_names, fingerprint_matrix
 from assaywatch.analyzers.model import Action, Outcome, Run, Step, StreamKey
 from tests.analyzers.simagent import DEFAULT_KEY, simulate_runs
