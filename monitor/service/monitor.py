@@ -5,6 +5,13 @@ which never blocks: when the bounded queue is full it returns False and the rece
 answers 429/503 or UNAVAILABLE with a retry hint, so real OTel exporters back off and
 retry instead of the monitor growing without bound. One pipeline thread assembles runs
 and feeds the engine under a lock the metrics collector shares.
+
+With a state dir, what is acknowledged survives ``kill -9`` (README "Durability"): every
+accepted batch is in the write-ahead log (``wal.py``) before the receiver answers success;
+a checkpoint (``state.py``) records the engine, the counters and the log's low-water mark;
+a start restores the checkpoint and replays the log from that mark, skipping the traces
+already processed (``Pipeline.processed``), recording each alarm onset once
+(``onsets.py``) and keeping every exported counter monotone (``counters.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,10 +29,36 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.exporters.events import EventLog
 from assaywatch.monitor.receivers.spans import IngestCounters
+from assaywatch.monitor.service.counters import (
+    DurableCounters,
+    counts_from_json,
+    pairs_from_json,
+    pairs_to_json,
+)
+from assaywatch.monitor.service.onsets import OnsetRecorder
 from assaywatch.monitor.service.pipeline import Pipeline
-from assaywatch.monitor.service.state import StateStore
+from assaywatch.monitor.service.state import StateError, StateStore
+from assaywatch.monitor.service.wal import Position, WalError, WriteAheadLog
 
 logger = logging.getLogger(__name__)
+
+#: Defaults of the write-ahead log settings, read from the config when it has them.
+WAL_FSYNC_SECONDS = 1.0
+WAL_SEGMENT_BYTES = 64 << 20
+
+
+class _ServiceEventLog(EventLog):
+    """The event log, asking for a checkpoint right after a state change (a re-baseline
+    is not in the span log: only a checkpoint makes it survive a crash)."""
+
+    def __init__(self, state_dir: str, on_state_change: Any) -> None:
+        super().__init__(state_dir)
+        self._on_state_change = on_state_change
+
+    def append(self, record: dict[str, Any]) -> None:
+        super().append(record)
+        if record.get("event") != "alarm":
+            self._on_state_change()
 
 
 class Monitor:
@@ -32,60 +66,133 @@ class Monitor:
 
     def __init__(self, config: MonitorConfig, baselines: list[Baseline] | None = None) -> None:
         self.config = config
-        self.counters = IngestCounters()
-        self.store = StateStore(config.state_dir) if config.state_dir else None
-        self.events = EventLog(config.state_dir) if config.state_dir else None
+        state_dir = config.state_dir
+        self.store = StateStore(state_dir) if state_dir else None
+        self.counters: IngestCounters = DurableCounters(state_dir) if state_dir \
+            else IngestCounters()
+        self._checkpoint_now = threading.Event()
+        self.events = _ServiceEventLog(state_dir, self._checkpoint_now.set) \
+            if state_dir else None
+        self.onsets = OnsetRecorder(self.events, config.detectors.alarm_hold_runs) \
+            if self.events is not None else None
+        self.wal = WriteAheadLog(
+            state_dir,
+            segment_bytes=int(getattr(config, "wal_segment_bytes", WAL_SEGMENT_BYTES)),
+            fsync_seconds=float(getattr(config, "wal_fsync_seconds", WAL_FSYNC_SECONDS)),
+        ) if state_dir else None
         self.engine = Engine(config.detectors, baselines or [], on_alarm=self._on_alarm,
                              max_streams=config.limits.max_streams)
-        self.pipeline = Pipeline(config, self.engine, self.counters)
+        self.pipeline = Pipeline(config, self.engine, self.counters, wal=self.wal)
         self.ready = threading.Event()
         self.addresses: dict[str, str] = {}
         self._servers: list[Any] = []
         self._checkpoint_thread: threading.Thread | None = None
+        self._checkpoint_lock = threading.Lock()
         self._stopping = threading.Event()
         self.alarm_log: list[AlarmEvent] = []
+        self.replayed_spans = 0
 
     def _on_alarm(self, event: AlarmEvent) -> None:
+        if self.onsets is not None and not self.onsets.record(event):
+            return  # the same onset, fired again by the replay after a restart
         self.alarm_log.append(event)
         del self.alarm_log[:-1000]
         logger.warning("alarm %s on %s at run %d", event.detector, event.key, event.run_index)
-        if self.events is not None:
+        if self.events is not None and self.onsets is None:
             self.events.append(event.to_dict())
 
     # -- state -------------------------------------------------------------------------
     def restore(self) -> None:
+        """Load the checkpoint, then replay the write-ahead log from its low-water mark
+        (raises :class:`StateError` when the state dir cannot be used as it is)."""
         if self.store is None:
             return
         saved = self.store.load()
-        if not saved:
-            return
+        assert isinstance(self.counters, DurableCounters)
+        try:
+            self.counters.load_floor()
+        except (ValueError, TypeError) as exc:
+            raise StateError(f"{self.counters.path}: not a counters file written by the "
+                             f"monitor ({exc}). It was left untouched: move the state dir "
+                             "away to start fresh") from None
         eng = saved.get("engine")
         if eng is not None:
             streams, latest, dropped = eng
             self.engine._streams.update(streams)
             self.engine._latest_frozen.update(latest)
             self.engine.dropped.update(dropped)
-        cnt = saved.get("counters")
-        if cnt is not None:
-            received, rejected, dropped = cnt
-            self.counters.received.update(received)
-            self.counters.rejected.update(rejected)
-            self.counters.dropped.update(dropped)
-        logger.info("resumed %d streams from %s", len(self.engine._streams), self.store.path)
+        low: Position = (0, 0)
+        acked_end: Position = (0, 0)
+        try:
+            cnt = saved.get("counters")
+            if cnt is not None:
+                c = self.counters
+                received = counts_from_json(cnt["received"], "received")
+                c.received.update(received)
+                self.pipeline.acked = dict(received)
+                c.dropped.update(counts_from_json(cnt["dropped"], "dropped"))
+                # edge counts are not in the span log: the larger of the checkpoint's and
+                # the last exported (see counters.py)
+                for live, ckpt, floor in (
+                        (c.rejected, pairs_from_json(cnt["rejected"], "rejected"),
+                         c.floor_rejected),
+                        (c.sanitised, pairs_from_json(cnt["sanitised"], "sanitised"),
+                         c.floor_sanitised)):
+                    for k in set(ckpt) | set(floor):
+                        live[k] = max(ckpt.get(k, 0), floor.get(k, 0))
+            wal = saved.get("wal")
+            if wal is not None:
+                low = (int(wal["low"][0]), int(wal["low"][1]))
+                acked_end = (int(wal["acked_end"][0]), int(wal["acked_end"][1]))
+            processed = OrderedDict(
+                (str(t), (int(s), int(o))) for t, s, o in saved.get("processed", []))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"{self.store.path}: checkpoint items are malformed ({exc}). "
+                             "It was left untouched: move the state dir away to start "
+                             "fresh") from None
+        if self.onsets is not None:
+            self.onsets.load(saved.get("events_offset") if saved else None)
+        if saved:
+            logger.info("resumed %d streams from %s", len(self.engine._streams),
+                        self.store.path)
+        if self.wal is not None:
+            self.pipeline.processed = processed
+            self.replayed_spans = self.pipeline.replay(low, acked_end, processed)
+            if self.replayed_spans:
+                logger.info("replayed %d spans from the write-ahead log (%d traces pending)",
+                            self.replayed_spans, self.pipeline.pending_traces())
 
     def checkpoint(self) -> None:
         if self.store is None:
             return
-        with self.pipeline.lock:
-            items = {
+        with self._checkpoint_lock, self.pipeline.lock:
+            low = self.pipeline.low_water()
+            self.pipeline.prune_processed(low)
+            acked, acked_end = self.pipeline.acked_snapshot()
+            assert isinstance(self.counters, DurableCounters)
+            _received, rejected, dropped, sanitised = self.counters.live_snapshot()
+            items: dict[str, Any] = {
                 "engine": (dict(self.engine._streams), dict(self.engine._latest_frozen),
                            dict(self.engine.dropped)),
-                "counters": self.counters.snapshot(),
+                # received = spans written to the log up to acked_end (counters.py)
+                "counters": {"received": acked, "rejected": pairs_to_json(rejected),
+                             "dropped": dropped, "sanitised": pairs_to_json(sanitised)},
+                "wal": {"low": list(low), "acked_end": list(acked_end)},
+                "processed": [[t, p[0], p[1]] for t, p in self.pipeline.processed.items()],
+                "events_offset": self.onsets.offset() if self.onsets is not None else 0,
             }
+            if self.wal is not None:
+                self.wal.sync()  # the records the checkpoint points to are on disk first
             self.store.save(items)
+        if self.wal is not None:
+            self.wal.delete_before(low)
 
     def _checkpoint_loop(self) -> None:
-        while not self._stopping.wait(self.config.checkpoint_seconds):
+        while not self._stopping.is_set():
+            self._checkpoint_now.wait(self.config.checkpoint_seconds)
+            self._checkpoint_now.clear()
+            if self._stopping.is_set():
+                return
             try:
                 self.checkpoint()
             except Exception:
@@ -100,6 +207,14 @@ class Monitor:
         from assaywatch.monitor.receivers.otlp.http_receiver import HttpReceiver
 
         self.restore()
+        if self.wal is not None:
+            try:
+                self.wal.open()
+            except WalError as exc:
+                raise StateError(str(exc)) from None
+            with self.pipeline.lock:
+                # replayed records are held by their pending traces (low_water) from now
+                self.pipeline.taken_end = self.wal.end()
         self.pipeline.start()
         listen = self.config.listen
         ing = self.config.ingest
@@ -134,21 +249,34 @@ class Monitor:
         return self.addresses
 
     def stop(self, save: bool = True) -> None:
-        """Stop receiving, close pending runs, write the last checkpoint (unless ``save``
-        is False: a start that failed must not overwrite the state it could not read)."""
+        """Stop gracefully: refuse new work (receivers answer 503 / UNAVAILABLE with a
+        retry hint), stop the receivers, drain the queue, write the last checkpoint
+        (unless ``save`` is False: a start that failed must not overwrite the state it
+        could not read).
+
+        With a state dir, traces still pending stay in the write-ahead log and the next
+        start replays them (they close there, with their late spans if the agent sends
+        any); without one, they are closed now, as nothing would keep them.
+        """
         self.ready.clear()
         self._stopping.set()
+        self._checkpoint_now.set()
+        self.pipeline.close_intake()
         for server in self._servers:
             if server.__class__.__name__ != "StatusServer":
                 try:
                     server.stop()
                 except Exception:
                     logger.exception("stopping %s failed", server)
-        self.pipeline.stop(flush=save)
+        self.pipeline.stop(drain=save, flush=save and self.wal is None)
         try:
             if save:
+                if self._checkpoint_thread is not None:
+                    self._checkpoint_thread.join(timeout=30)
                 self.checkpoint()
         finally:
+            if self.wal is not None:
+                self.wal.close()
             for server in self._servers:
                 if server.__class__.__name__ == "StatusServer":
                     server.stop()

@@ -4,6 +4,14 @@ the assembler (stage 2) and the engine (stage 3) under one lock.
 ``offer`` never blocks: when the queue is full it returns False and the receiver answers
 429/503 or UNAVAILABLE with a retry hint, so real OTel exporters back off and retry instead
 of the monitor growing without bound.
+
+With a state dir, ``offer`` first appends the batch to the write-ahead log
+(``service/wal.py``) and returns True only once the bytes are written: True is the
+acknowledgement the receiver turns into an OTLP success. The pipeline remembers, per trace
+still pending in the assembler, the log position of its first span, so a checkpoint can
+record the *low-water mark* (the oldest position a restart must replay from) and the
+traces already closed whose spans lie after it (``processed``: a restart skips their
+spans instead of assembling and counting their runs a second time).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.config import MonitorConfig
@@ -21,22 +30,41 @@ from assaywatch.monitor.engine.streams import close_order
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.outcome import ContractRules
 from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.service.wal import Position, WalError, WriteAheadLog, encode_batch
 
 logger = logging.getLogger(__name__)
+
+#: Most closed traces remembered for the replay (``Pipeline.processed``). The set only
+#: needs the traces closed while their spans are still in the log window (from the
+#: low-water mark to the end); entries before the low-water mark are pruned at every
+#: checkpoint. The cap bounds memory (~150 bytes an entry) when the window is huge; an
+#: entry evicted by it can make a restart re-assemble that trace's spans that are still
+#: in the window (logged).
+MAX_PROCESSED = 200_000
+
+_Item = tuple[Position, Position, list[SpanRecord]]
 
 
 class Pipeline:
     """The SpanSink behind every receiver, and the thread that drains it."""
 
     def __init__(self, config: MonitorConfig, engine: Engine, counters: IngestCounters,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wal: WriteAheadLog | None = None) -> None:
         self.config = config
         self.engine = engine
         self.counters = counters
+        self.wal = wal
         self.lock = threading.RLock()
-        self._queue: queue.SimpleQueue[list[SpanRecord] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._queued_spans = 0
+        #: guards the queue's span count, the closed flag, the log append and ``acked``:
+        #: batches enter the log and the queue in the same order
         self._qlock = threading.Lock()
+        self._closed = False
+        #: spans acknowledged per receiver (written to the log), consistent with the log
+        #: end under ``_qlock`` (see ``Monitor.checkpoint``)
+        self.acked: dict[str, int] = {}
         a = config.assembler
         rules = ContractRules.from_dict(config.contracts) if config.contracts else None
         self.assembler = Assembler(
@@ -46,16 +74,51 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.runs_processed = 0
+        #: pending trace id -> [first, last] log position of its spans, in first-seen
+        #: order (so the first entry holds the smallest first position)
+        self._active: dict[str, list[Position]] = {}
+        #: closed trace id -> log position of its last span (see MAX_PROCESSED)
+        self.processed: OrderedDict[str, Position] = OrderedDict()
+        #: end position of the last batch handed to the assembler
+        self.taken_end: Position = (0, 0)
+        self._warned_cap = False
+
+    @property
+    def capacity_spans(self) -> int:
+        """Most spans the queue ever holds: a larger request can never be accepted."""
+        return int(self.config.ingest.queue_max_spans)
 
     # SpanSink
     def offer(self, spans: list[SpanRecord], receiver: str) -> bool:
         n = len(spans)
+        payload = encode_batch(receiver, spans) if self.wal is not None else b""
         with self._qlock:
-            if self._queued_spans + n > self.config.ingest.queue_max_spans:
+            if self._closed or self._queued_spans + n > self.config.ingest.queue_max_spans:
                 return False
+            if self.wal is not None:
+                try:
+                    pos, end = self.wal.append(payload)
+                except WalError as exc:
+                    logger.error("%s: answering 'retry later'", exc)
+                    return False
+            else:
+                pos = end = (0, 0)
             self._queued_spans += n
-        self._queue.put(spans)
+            self.acked[receiver] = self.acked.get(receiver, 0) + n
+            self._queue.put((pos, end, spans))
         return True
+
+    def close_intake(self) -> None:
+        """Refuse every later ``offer`` (the receivers answer 503 / UNAVAILABLE with a retry
+        hint): the first step of a graceful stop. What was acknowledged is in the queue
+        and the log."""
+        with self._qlock:
+            self._closed = True
+
+    def acked_snapshot(self) -> tuple[dict[str, int], Position]:
+        """Spans acknowledged per receiver and the log end, as one consistent pair."""
+        with self._qlock:
+            return dict(self.acked), (self.wal.end() if self.wal is not None else (0, 0))
 
     def pending_traces(self) -> int:
         return int(self.assembler.pending_traces)
@@ -65,53 +128,155 @@ class Pipeline:
                                         daemon=True)
         self._thread.start()
 
-    def stop(self, flush: bool = True) -> None:
+    def stop(self, drain: bool = True, flush: bool = True) -> None:
+        """Stop the thread; ``drain`` hands what is queued to the assembler, ``flush``
+        then closes every pending trace (without a log: with one, pending traces stay in
+        the log and the next start replays them)."""
         self._stop.set()
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if flush:
-            with self.lock:
+        with self.lock:
+            if drain:
                 self._drain_nowait()
+                self._process_runs(self.assembler.poll())
+            if flush:
                 self._process_runs(self.assembler.flush())
+            self._prune()
 
     def _loop(self) -> None:
         last_poll = 0.0
         while not self._stop.is_set():
             try:
-                batch = self._queue.get(timeout=0.2)
+                item = self._queue.get(timeout=0.2)
             except queue.Empty:
-                batch = None
-            if batch is not None:
-                self._take(batch)
+                item = None
+            if item is not None:
+                self._take(item)
             now = time.monotonic()
             if now - last_poll >= 0.2:
                 last_poll = now
                 try:
                     with self.lock:
                         self._process_runs(self.assembler.poll())
+                        self._prune()
                 except Exception:
                     logger.exception("pipeline poll failed")
 
     def _drain_nowait(self) -> None:
         while True:
             try:
-                batch = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if batch is not None:
-                self._take(batch)
+            if item is not None:
+                self._take(item)
 
-    def _take(self, batch: list[SpanRecord]) -> None:
+    def _take(self, item: _Item) -> None:
+        pos, end, batch = item
         with self._qlock:
             self._queued_spans -= len(batch)
+        with self.lock:
+            self._add(pos, end, batch)
+
+    def _add(self, pos: Position, end: Position, batch: list[SpanRecord]) -> None:
         try:
-            with self.lock:
-                self.assembler.add(batch)
+            self.assembler.add(batch)
         except Exception:  # a bad batch never takes the pipeline down
             logger.exception("dropping a batch of %d spans that the assembler rejected",
                              len(batch))
             self.counters.add_dropped("pipeline_error", len(batch))
+        if self.wal is not None:
+            active = self._active
+            for span in batch:
+                ent = active.get(span.trace_id)
+                if ent is None:
+                    active[span.trace_id] = [pos, pos]
+                else:
+                    ent[1] = pos
+            self.taken_end = end
+
+    def _prune(self) -> None:
+        """Move the traces the assembler no longer holds from ``_active`` to
+        ``processed`` (closed, evicted, or refused as late or bad: either way their spans
+        must not be assembled again by a replay)."""
+        if self.wal is None or not self._active:
+            return
+        pending = self.assembler._pending  # noqa: SLF001 (membership only; see README)
+        done = [tid for tid in self._active if tid not in pending]
+        processed = self.processed
+        for tid in done:
+            last = self._active.pop(tid)[1]
+            old = processed.pop(tid, None)
+            processed[tid] = last if old is None or old < last else old
+        while len(processed) > MAX_PROCESSED:
+            processed.popitem(last=False)
+            if not self._warned_cap:
+                self._warned_cap = True
+                logger.warning("more than %d closed traces in the write-ahead log window; "
+                               "the oldest are forgotten (a restart may assemble their "
+                               "spans again)", MAX_PROCESSED)
+
+    def low_water(self) -> Position:
+        """The oldest log position a restart must replay from: the first span of the
+        oldest trace still pending, else the end of what the assembler has taken (the
+        queue holds only later records). Call with ``lock`` held."""
+        self._prune()
+        low = self.taken_end
+        for first, _last in self._active.values():  # first entry = smallest first
+            if first < low:
+                low = first
+            break
+        return low
+
+    def prune_processed(self, low: Position) -> None:
+        """Forget closed traces whose last span is before ``low`` (a replay from ``low``
+        never meets them). Call with ``lock`` held."""
+        for tid in [t for t, last in self.processed.items() if last < low]:
+            del self.processed[tid]
+
+    def replay(self, start: Position, acked_end: Position, skip: Iterable[str]) -> int:
+        """Feed the log from ``start`` to the assembler before the receivers start.
+
+        Spans of traces in ``skip`` (closed before the checkpoint) are not assembled
+        again. Records at or after ``acked_end`` were acknowledged after the checkpoint's
+        counters: they are counted as received again (see ``Monitor.restore``).
+        Returns the number of spans replayed.
+        """
+        assert self.wal is not None
+        skip_set = set(skip)
+        replayed = 0
+        clock = self.assembler.clock
+        grace = self.config.assembler.grace_seconds
+        # The replayed spans arrived before the restart: dated grace_s back, a trace that
+        # was complete (ready) closes at the first poll below instead of grace_s after the
+        # start, so the first scrape already counts every run processed before the crash.
+        self.assembler.clock = lambda: clock() - grace
+        try:
+            with self.lock:
+                replayed = self._replay(start, acked_end, skip_set)
+        finally:
+            self.assembler.clock = clock
+        with self.lock:
+            self._process_runs(self.assembler.poll())
+            self._prune()
+        return replayed
+
+    def _replay(self, start: Position, acked_end: Position, skip_set: set[str]) -> int:
+        assert self.wal is not None
+        replayed = 0
+        for pos, receiver, spans in self.wal.read_from(start):
+            if pos >= acked_end:
+                self.acked[receiver] = self.acked.get(receiver, 0) + len(spans)
+                self.counters.add_received(receiver, len(spans))
+            keep = [s for s in spans if s.trace_id not in skip_set]
+            if len(keep) < len(spans) and pos >= acked_end:
+                # a late span of a trace closed before the checkpoint, as live
+                self.counters.add_dropped("late_span", len(spans) - len(keep))
+            replayed += len(keep)
+            # the record stays needed while a trace of it is pending (low_water)
+            self._add(pos, (pos[0], pos[1] + 1), keep)
+        return replayed
 
     def _process_runs(self, runs: list[Run]) -> None:
         for run in sorted(runs, key=close_order):

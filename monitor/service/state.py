@@ -1,27 +1,44 @@
 """Checkpoints of the monitor's state in SQLite (the alarm event log is ``exporters/events.py``).
 
 The checkpoint holds, per stream, the frozen baseline, the detectors' state and the
-counters, plus the ingest counters; a restart on the same state dir resumes from it, so
-counts continue and an alarm that was active stays active (no repeated onset). The
-detector objects are stored with ``pickle`` (they are our own plain classes over numpy
-arrays, written and read only by this process's own state dir); a checkpoint from an
-incompatible version is reported and ignored rather than half-loaded.
+counters, plus the ingest counters and the write-ahead log positions
+(``service/wal.py``); a restart on the same state dir resumes from it and replays the log,
+so counts continue and an alarm that was active stays active (no repeated onset).
+
+**What is trusted.** The engine's state (detector objects over numpy arrays) is still
+stored with ``pickle``, and unpickling runs code. So a checkpoint is read only when it was
+written by this state dir's own writer: ``state.key`` (32 random bytes, created mode 0600 at
+the first checkpoint) keys an HMAC-SHA256 over the schema and every item, checked *before*
+anything is unpickled. A checkpoint without a valid MAC (a crafted pickle dropped into the
+state dir, a database copied from elsewhere, a key that others can read or write) is
+refused: :class:`StateError`, exit 3, files left as they are. The other items are JSON.
+This protects against a file planted by someone who can write the state dir but cannot
+read ``state.key``; the state dir must be writable only by the monitor's user
+(README "Durability").
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 import os
 import pickle
+import secrets
 import sqlite3
+import stat
 import threading
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-STATE_SCHEMA = 1
+STATE_SCHEMA = 2
 DB_NAME = "state.sqlite"
+KEY_NAME = "state.key"
+#: Items stored with pickle (MAC-checked before loading); every other item is JSON.
+PICKLED = frozenset({"engine"})
 
 
 class StateError(Exception):
@@ -29,8 +46,15 @@ class StateError(Exception):
     leaves the files untouched, so nothing a user may want back is overwritten."""
 
 
+def _mac(key: bytes, schema: str, rows: list[tuple[str, bytes]]) -> str:
+    h = hmac.new(key, b"assaywatch-state\0" + schema.encode() + b"\0", hashlib.sha256)
+    for name, value in sorted(rows):
+        h.update(name.encode() + b"\0" + len(value).to_bytes(8, "little") + value)
+    return h.hexdigest()
+
+
 class StateStore:
-    """``save(blob_by_name)`` / ``load() -> dict`` in one SQLite file under ``state_dir``."""
+    """``save(items)`` / ``load() -> dict`` in one SQLite file under ``state_dir``."""
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.dir = Path(state_dir)
@@ -40,7 +64,9 @@ class StateStore:
             raise StateError(f"state dir {self.dir} cannot be created: "
                              f"{exc.strerror or exc} (is it a file?)") from None
         self.path = self.dir / DB_NAME
+        self.key_path = self.dir / KEY_NAME
         self._lock = threading.Lock()
+        self._key: bytes | None = None
         try:
             with self._connect() as db:
                 db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -49,42 +75,98 @@ class StateStore:
         except sqlite3.Error as exc:
             raise self._unusable(f"not a readable state database ({exc})") from None
 
-    def _unusable(self, why: str) -> StateError:
-        return StateError(f"{self.path}: {why}. It was left untouched: move the state dir "
-                          "away (or give --state-dir an empty directory) to start fresh")
+    def _unusable(self, why: str, path: Path | None = None) -> StateError:
+        return StateError(f"{path or self.path}: {why}. It was left untouched: move the state "
+                          "dir away (or give --state-dir an empty directory) to start fresh")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=10)
         db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")  # a committed checkpoint survives power loss
         return db
 
+    # -- the key -----------------------------------------------------------------------
+    def _read_key(self) -> bytes | None:
+        try:
+            st = os.stat(self.key_path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._unusable(f"cannot read ({exc.strerror})", self.key_path) from None
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise self._unusable(
+                f"the state key must be a regular file only its owner can read and write "
+                f"(mode 0600; it is {stat.filemode(st.st_mode)}): anyone who can read it can "
+                f"forge a checkpoint", self.key_path)
+        try:
+            key = self.key_path.read_bytes()
+        except OSError as exc:
+            raise self._unusable(f"cannot read ({exc.strerror})", self.key_path) from None
+        if len(key) < 32:
+            raise self._unusable("not a state key (too short)", self.key_path)
+        return key
+
+    def _writer_key(self) -> bytes:
+        if self._key is None:
+            key = self._read_key()
+            if key is None:
+                key = secrets.token_bytes(32)
+                fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(key)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            self._key = key
+        return self._key
+
+    # -- save / load -------------------------------------------------------------------
     def save(self, items: dict[str, Any]) -> None:
-        """Replace the checkpoint atomically (one transaction)."""
-        rows = [(name, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        """Replace the checkpoint atomically (one transaction): ``engine`` pickled, every
+        other item JSON, all under one MAC."""
+        rows = [(name, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+                 if name in PICKLED else
+                 json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
                 for name, value in items.items()]
+        schema = str(STATE_SCHEMA)
+        mac = _mac(self._writer_key(), schema, rows)
         with self._lock, self._connect() as db:
             db.execute("DELETE FROM blobs")
             db.executemany("INSERT INTO blobs (name, value) VALUES (?, ?)", rows)
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)",
-                       (str(STATE_SCHEMA),))
+            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                           [("schema", schema), ("mac", mac)])
 
     def load(self) -> dict[str, Any]:
-        """The last checkpoint; raises :class:`StateError` when it cannot be read whole."""
+        """The last checkpoint; raises :class:`StateError` when it cannot be read whole or
+        was not written by this state dir's writer."""
         try:
             with self._lock, self._connect() as db:
-                row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-                if row is None:
-                    return {}
-                if row[0] != str(STATE_SCHEMA):
-                    raise self._unusable(f"schema {row[0]}, and this version reads schema "
-                                         f"{STATE_SCHEMA}")
-                items = list(db.execute("SELECT name, value FROM blobs"))
+                meta = dict(db.execute("SELECT key, value FROM meta"))
+                items = [(str(n), bytes(v)) for n, v in db.execute(
+                    "SELECT name, value FROM blobs")]
         except sqlite3.Error as exc:
             raise self._unusable(f"not a readable state database ({exc})") from None
+        schema = meta.get("schema")
+        if schema is None:
+            if items:
+                raise self._unusable("checkpoint items without a schema")
+            return {}
+        if schema != str(STATE_SCHEMA):
+            raise self._unusable(f"schema {schema}, and this version reads schema "
+                                 f"{STATE_SCHEMA}")
+        key = self._read_key()
+        if key is None:
+            raise self._unusable(f"a checkpoint but no {KEY_NAME} beside it: it was not "
+                                 "written by this state dir's monitor, and is not loaded")
+        mac = meta.get("mac") or ""
+        if not hmac.compare_digest(mac, _mac(key, schema, items)):
+            raise self._unusable(f"the checkpoint's MAC does not match {KEY_NAME}: it was "
+                                 "not written by this state dir's monitor (or was altered), "
+                                 "and is not loaded")
+        self._key = key
         out: dict[str, Any] = {}
         for name, value in items:
             try:
-                out[name] = pickle.loads(value)
+                out[name] = pickle.loads(value) if name in PICKLED else json.loads(value)
             except Exception as exc:
                 raise self._unusable(f"checkpoint item {name!r} is unreadable "
                                      f"({type(exc).__name__})") from None
