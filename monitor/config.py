@@ -84,11 +84,24 @@ class DetectorConfig:
     beta: float = _opt(0.1, "SPRT Type II error (1 - power at a drop of delta).")
     sprt_max_runs: int = _opt(1_000, "SPRT truncation: a cycle longer than this ends "
                               "Inconclusive and restarts.")
-    fingerprint_shift: float = _opt(0.5, "Per-feature shift, in baseline standard deviations, "
-                                    "the fingerprint CUSUM is tuned for.")
-    mewma_min_baseline: int = _opt(1_000, "Baseline runs needed before the MEWMA runs: its "
-                                   "threshold assumes a known covariance, and a covariance "
-                                   "estimated from fewer runs raises false alarms.")
+    fingerprint_shift: float = _opt(0.5, "Shift of the fingerprint, in baseline standard "
+                                    "deviations along one direction (Mahalanobis units), the "
+                                    "fingerprint CUSUM is tuned for (reference k = shift / 2).")
+    mewma_min_baseline: int = _opt(1_000, "Unused since the fingerprint is watched by the "
+                                   "multichart CUSUM with bootstrap thresholds (kept so older "
+                                   "config files still load).")
+    alarm_shares: dict[str, float] = _opt(
+        {"cusum_pass_rate": 0.5, "cusum_fingerprint": 0.5},
+        "Shares of the false-alarm budget `arl0` given to the detectors that raise alarms "
+        "(cusum_pass_rate, cusum_fingerprint, hotelling); the others report verdicts and "
+        "gauges only. The SPRT never alarms: its verdict is a gauge. Normalised to sum to 1 "
+        "over the configured detectors the baseline can run.")
+    calibration_runs: int = _opt(2_000, "Baseline runs kept (reservoir sample) while a "
+                                 "baseline is learned, for the bootstrap calibration of the "
+                                 "thresholds; file baselines carry none and are calibrated on "
+                                 "Gaussian draws with their mean and covariance.")
+    bootstrap_reps: int = _opt(40, "Bootstrap baselines drawn per calibration (guaranteed "
+                               "conditional performance at arl0_confidence).")
     hotelling_window: int = _opt(200, "Recent runs compared with the baseline by Hotelling "
                                  "T^2 and the pass-rate verdict.")
     hotelling_every: int = _opt(25, "Runs between two windowed Hotelling tests.")
@@ -96,6 +109,18 @@ class DetectorConfig:
                                 "fired (SPRT: until the next Pass decision).")
     detectors: list[str] = _opt(["sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling"],
                                 "Detectors run per stream.")
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.alarm_shares.items()
+               if k not in ("cusum_pass_rate", "cusum_fingerprint", "hotelling")
+               or not isinstance(v, (int, float)) or not 0 <= v < float("inf")}
+        if bad:
+            raise ConfigError(f"detectors: alarm_shares {bad} invalid: keys among "
+                              "cusum_pass_rate, cusum_fingerprint, hotelling (the SPRT "
+                              "never alarms), values >= 0")
+        if self.calibration_runs < 2 or self.bootstrap_reps < 5:
+            raise ConfigError("detectors: calibration_runs must be >= 2 and bootstrap_reps "
+                              ">= 5")
 
 
 @dataclass

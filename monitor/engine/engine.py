@@ -10,24 +10,31 @@ version's frozen baseline) and, once the baseline is frozen, these detectors:
 
 ``sprt``
     Wald's SPRT on the pass rate, H0 p >= p_b against H1 p <= p_b - delta, restarted after
-    every decision and warm-started safely from the baseline (SPEC.md 7.5). A Fail
-    decision is an alarm; it stays active until the next Pass decision.
+    every decision and warm-started safely from the baseline (SPEC.md 7.5). Its decision
+    is a **verdict** (gauge ``assaywatch_verdict{test="sprt"}``), not an alarm: a restarted
+    SPRT is a sequence of tests whose false Fails would need their own share of the budget,
+    and the pass-rate CUSUM is the Lorden-optimal restarted test for the same drop.
 ``cusum_pass_rate``
-    Bernoulli likelihood-ratio CUSUM, threshold from the ARL0 target accounting for the
-    baseline being an estimate from finite data.
+    Bernoulli likelihood-ratio CUSUM, threshold exact for its share of the ARL0 budget at
+    the baseline pass rate's adverse posterior quantile.
 ``cusum_fingerprint``
-    Standardised two-sided CUSUM per fingerprint feature, its threshold widened for the
-    baseline being an estimate, plus a MEWMA on the projected fingerprint once the
-    baseline has ``mewma_min_baseline`` runs (either one firing raises this alarm; the
-    evidence says which).
+    Multichart CUSUM over whitened shift directions of the fingerprint (each feature given
+    the others, and tool swaps), per-chart thresholds from a bootstrap of the baseline's
+    own runs (``analyzers/detectors/bootstrap.py``); its per-feature charts are the
+    ``assaywatch_cusum_statistic{feature}`` gauges.
 ``hotelling``
     Hotelling T^2 of the last ``hotelling_window`` runs against the baseline, every
-    ``hotelling_every`` runs, at a per-test alpha that keeps the ARL0 share.
+    ``hotelling_every`` runs: the fingerprint verdict and the per-feature shift gauges;
+    an alarm only when ``alarm_shares`` gives it a share (per-test alpha from the share).
 
-The ARL0 target is for the union of the stream's ARL-calibrated detectors: it is split in
-time (Bonferroni) across the pass-rate CUSUM, the fingerprint CUSUM, the MEWMA and the
-windowed Hotelling test, each getting ``4 * arl0``. The SPRT is governed by its own alpha
-per decision cycle (``detectors.alpha``).
+One false-alarm budget per stream: ``arl0`` is split over the detectors that can raise an
+alarm by ``alarm_shares`` (false-alarm rates add, Bonferroni in time), each detector's
+threshold keeping its share with probability ``(1 + arl0_confidence) / 2`` over the
+baseline's sampling, so the union keeps ``arl0`` with probability ``arl0_confidence``.
+Thresholds are calibrated once per baseline by the pure function ``calibrate`` (seeded by
+the baseline id): on a reservoir sample of ``calibration_runs`` of the runs a learned
+baseline was built from, on samples given to the engine, else on Gaussian draws with the
+baseline's mean and covariance (a file baseline carries no runs).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -44,14 +52,21 @@ import numpy as np
 from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
 from assaywatch.analyzers.budget import adaptive_budget
 from assaywatch.analyzers.coverage import CoverageTracker
-from assaywatch.analyzers.detectors import MEWMA, BernoulliCUSUM, FingerprintCUSUM
-from assaywatch.analyzers.fingerprint import fingerprint
+from assaywatch.analyzers.detectors import BernoulliCUSUM
+from assaywatch.analyzers.detectors.bootstrap import (
+    BaselineData,
+    CalibrationSettings,
+    Thresholds,
+    calibrate,
+)
+from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
+from assaywatch.analyzers.fingerprint import feature_names, fingerprint
 from assaywatch.analyzers.hotelling import hotelling_two_sample
 from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.sprt import WarmStartSPRT
 from assaywatch.analyzers.verdicts import regression_verdict, sample_size, wilson_interval
 from assaywatch.monitor.config import DetectorConfig
-from assaywatch.monitor.engine.streams import _ARL_SHARES, AlarmEvent, StreamState, close_order
+from assaywatch.monitor.engine.streams import AlarmEvent, StreamState, close_order
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +83,10 @@ class Engine:
         Called with every alarm onset (the service appends it to the event log).
     max_streams:
         Streams kept; runs of further streams are counted in ``dropped["stream_limit"]``.
+    baseline_samples:
+        Optional fingerprints (rows = runs, columns = the baseline's features) of the runs
+        a file baseline was built from, by baseline id: its thresholds are then calibrated
+        on them rather than on Gaussian draws.
     """
 
     def __init__(
@@ -76,8 +95,12 @@ class Engine:
         baselines: Iterable[Baseline] = (),
         on_alarm: Callable[[AlarmEvent], None] | None = None,
         max_streams: int = 1_000,
+        baseline_samples: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.config = config or DetectorConfig()
+        self._samples = dict(baseline_samples or {})
+        #: baseline id -> calibrated thresholds (a new version reuses its predecessor's)
+        self._thresholds: dict[str, Thresholds] = {}
         self.on_alarm = on_alarm
         self.max_streams = max_streams
         self.dropped: Counter[str] = Counter()
@@ -111,6 +134,7 @@ class Engine:
         if st.baseline is None:
             assert st.builder is not None
             st.builder.add(run)
+            self._keep_sample(st, run)
             if st.builder.n_runs >= self.config.learn_runs:
                 self._freeze(st, st.builder.freeze(), "learned")
             return []
@@ -155,31 +179,91 @@ class Engine:
         st.monitored_runs = 0
         if remember:
             self._latest_frozen[(base.key.agent, base.key.scenario)] = base
+        sample = self._learned_sample(st, base) if origin == "learned" else None
+        st.sample, st.sample_tools = [], []
+        st.thresholds = self._calibrate(base, sample)
         self._build_detectors(st)
+
+    # -- calibration -----------------------------------------------------------------
+    def _keep_sample(self, st: StreamState, run: Run) -> None:
+        """Reservoir sample (Algorithm R, seeded by the stream) of the learning runs'
+        fingerprints, columns in tool discovery order as the builder learns them."""
+        known = set(st.sample_tools)
+        st.sample_tools.extend(sorted({t for t in run.tools_used if t not in known}))
+        cap = self.config.calibration_runs
+        n = st.builder.n_runs if st.builder is not None else len(st.sample) + 1
+        if len(st.sample) < cap:
+            st.sample.append(fingerprint(run, st.sample_tools))
+            return
+        j = int(np.random.default_rng([n, _seed(st.key.as_labels())]).integers(0, n))
+        if j < cap:
+            st.sample[j] = fingerprint(run, st.sample_tools)
+
+    def _learned_sample(self, st: StreamState, base: Baseline) -> np.ndarray | None:
+        if len(st.sample) < 2:
+            return None
+        names = feature_names(st.sample_tools)
+        width = len(names)
+        rows = np.zeros((len(st.sample), width))
+        for i, fp in enumerate(st.sample):
+            rows[i, :fp.size] = fp  # tools discovered later: share 0 in earlier runs
+        col = {name: j for j, name in enumerate(names)}
+        out = np.zeros((rows.shape[0], len(base.feature_names)))
+        for j, name in enumerate(base.feature_names):
+            if name in col:
+                out[:, j] = rows[:, col[name]]
+        return out
+
+    def _calibrate(self, base: Baseline, sample: np.ndarray | None) -> Thresholds:
+        cached = self._thresholds.get(base.baseline_id)
+        if cached is not None and sample is None:
+            return cached
+        cfg = self.config
+        seed = int(base.baseline_id, 16) if base.baseline_id else 0
+        if sample is None:
+            sample = self._samples.get(base.baseline_id)
+        if sample is None:
+            sample = _gaussian_sample(base, min(max(base.n_runs, 2), cfg.calibration_runs),
+                                      seed)
+        shares = {k: float(v) for k, v in cfg.alarm_shares.items()
+                  if k in cfg.detectors and v > 0}
+        settings = CalibrationSettings(
+            arl0=cfg.arl0, confidence=cfg.arl0_confidence, shares=shares,
+            k=cfg.fingerprint_shift / 2, delta=cfg.delta, reps=cfg.bootstrap_reps)
+        data = BaselineData(mean=base.mean, cov=base.cov, n_runs=max(2, base.n_runs),
+                            passes=base.passes, fails=base.fails, sample=sample,
+                            feature_names=base.feature_names)
+        try:
+            th = calibrate(data, settings, seed)
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            logger.warning("%s: calibration failed: %s", base.key, exc)
+            th = Thresholds(None, None, disabled={"cusum_fingerprint": str(exc)})
+        self._thresholds[base.baseline_id] = th
+        return th
 
     def _build_detectors(self, st: StreamState) -> None:
         base = st.baseline
         assert base is not None
         cfg = self.config
-        share = cfg.arl0 * _ARL_SHARES
+        th = st.thresholds or Thresholds(None, None)
         decided = base.passes + base.fails
-        sd = np.sqrt(np.clip(np.diag(base.cov), 0.0, None))
         makers: dict[str, Callable[[], Any]] = {}
         if "sprt" in cfg.detectors and decided:
             makers["sprt"] = lambda: self._new_sprt(st)
-        if "cusum_pass_rate" in cfg.detectors and decided:
-            makers["cusum_pass_rate"] = lambda: BernoulliCUSUM.from_baseline(
-                decided, base.passes, delta=cfg.delta, arl0=share,
-                confidence=cfg.arl0_confidence)
-        if "cusum_fingerprint" in cfg.detectors:
-            makers["cusum_fingerprint"] = lambda: FingerprintCUSUM(
-                mean=base.mean, sd=sd, k=cfg.fingerprint_shift / 2, arl0=share,
-                feature_names=list(base.feature_names), baseline_runs=max(3, base.n_runs),
-                confidence=cfg.arl0_confidence)
-            if base.n_runs >= cfg.mewma_min_baseline:
-                makers["mewma"] = lambda: MEWMA(mean=base.mean, cov=base.cov, arl0=share)
+        if "cusum_pass_rate" in cfg.detectors and th.pass_rate is not None:
+            h_pass = th.pass_rate
+            makers["cusum_pass_rate"] = lambda: BernoulliCUSUM(
+                th.pass_rate_p0, delta=cfg.delta, h=h_pass,
+                arl0=cfg.arl0 / max(self._share("cusum_pass_rate", base), 1e-12),
+                baseline_runs=decided, baseline_passes=base.passes,
+                confidence=th.confidence)
+        if "cusum_fingerprint" in cfg.detectors and th.fingerprint is not None:
+            h_fp = th.fingerprint
+            makers["cusum_fingerprint"] = lambda: MultichartCUSUM(
+                mean=base.mean, cov=base.cov, k=cfg.fingerprint_shift / 2, h=h_fp,
+                feature_names=list(base.feature_names))
         dets: dict[str, Any] = {}
-        st.disabled = {}
+        st.disabled = dict(th.disabled)
         for name, make in makers.items():
             try:
                 dets[name] = make()
@@ -188,13 +272,22 @@ class Engine:
                 # reachable: the stream runs without this detector and says why
                 st.disabled[name] = str(exc)
                 logger.warning("%s: detector %s disabled: %s", st.key, name, exc)
+        for name, why in th.disabled.items():
+            logger.warning("%s: detector %s disabled: %s", st.key, name, why)
         st.detectors = dets
         st.recent_outcomes = deque(maxlen=cfg.hotelling_window)
         st.recent_fps = deque(maxlen=cfg.hotelling_window)
-        # An observed inventory is the baseline's own tools: nothing to measure against.
-        observed = base.tool_inventory_source == "observed"
-        st.coverage = CoverageTracker(tools=None if observed else base.tools,
-                                      tool_source=base.tool_inventory_source)
+        st.coverage = CoverageTracker(tools=base.tools)
+
+    def _share(self, name: str, base: Baseline) -> float:
+        """The detector's normalised share of the ARL0 budget (0: it never alarms)."""
+        cfg = self.config
+        shares = {k: float(v) for k, v in cfg.alarm_shares.items()
+                  if k in cfg.detectors and v > 0}
+        if not base.passes + base.fails:
+            shares.pop("cusum_pass_rate", None)
+        total = sum(shares.values())
+        return shares.get(name, 0.0) / total if total > 0 else 0.0
 
     def _new_sprt(self, st: StreamState) -> WarmStartSPRT:
         base = st.baseline
@@ -229,14 +322,8 @@ class Engine:
             if sprt is not None:
                 sprt.update(passed)
                 if sprt.decision is not None:
+                    # a verdict, not an alarm (module docstring: one budget per stream)
                     st.sprt_verdict = sprt.decision
-                    if sprt.decision is Verdict.FAIL:
-                        if not st.sprt_active_fail:
-                            fired.append(("sprt", {"llr": sprt.llr, "upper": sprt.upper,
-                                                   "lower": sprt.lower, "n": sprt.n}))
-                        st.sprt_active_fail = True
-                    elif sprt.decision is Verdict.PASS:
-                        st.sprt_active_fail = False
                     st.detectors["sprt"] = self._new_sprt(st)
             cusum = st.detectors.get("cusum_pass_rate")
             if cusum is not None:
@@ -247,15 +334,8 @@ class Engine:
         fpc = st.detectors.get("cusum_fingerprint")
         if fpc is not None:
             fpc.update(fp)
-            mewma = st.detectors.get("mewma")
-            if mewma is not None:
-                mewma.update(fp)
-            if fpc.drift_detected or (mewma is not None and mewma.drift_detected):
-                ev = {"statistic": "fingerprint_cusum" if fpc.drift_detected else "mewma",
-                      "cusum": fpc.evidence()}
-                if mewma is not None:
-                    ev["mewma"] = mewma.evidence()
-                fired.append(("cusum_fingerprint", ev))
+            if fpc.drift_detected:
+                fired.append(("cusum_fingerprint", fpc.evidence()))
         due = st.monitored_runs % cfg.hotelling_every == 0
         # The window as a matrix, built once for the Hotelling test and the budget (both
         # run at the Hotelling cadence only).
@@ -301,16 +381,18 @@ class Engine:
         window = len(recent)
         if window < max(10, cfg.hotelling_window // 4) or st.monitored_runs % cfg.hotelling_every:
             return None
-        # One test every `hotelling_every` runs: alpha per test keeps the ARL0 share.
-        alpha = min(0.05, cfg.hotelling_every / (cfg.arl0 * _ARL_SHARES))
+        # One test every `hotelling_every` runs: alpha per test keeps the ARL0 share (0
+        # by default: the test is then the fingerprint verdict and the shift gauges only).
+        share = self._share("hotelling", base)
+        alpha = min(0.05, cfg.hotelling_every * share / cfg.arl0)
         res = hotelling_two_sample(base.mean, base.cov, base.n_runs, recent,
-                                   alpha=alpha, feature_names=base.feature_names)
+                                   alpha=max(alpha, 1e-12), feature_names=base.feature_names)
         st.hotelling_p = float(res.p_value)
         st.fingerprint_shift = float(res.mahalanobis)
         st.feature_shift = dict(res.feature_shifts)
         verdict_alpha = cfg.alpha
         st.fingerprint_verdict = Verdict.FAIL if res.p_value < verdict_alpha else Verdict.PASS
-        if window >= cfg.hotelling_window and res.p_value < alpha:
+        if share > 0 and window >= cfg.hotelling_window and res.p_value < alpha:
             return {"t2": float(res.t2), "p_value": float(res.p_value), "alpha": alpha,
                     "d_eff": int(res.d_eff), "window": window,
                     "moved": dict(list(res.feature_shifts)[:5])}
@@ -352,6 +434,19 @@ _sample_size = functools.lru_cache(maxsize=4096)(sample_size)
 @functools.lru_cache(maxsize=4096)
 def _wilson_lower(passes: int, n: int, alpha: float) -> float:
     return float(wilson_interval(passes, n, alpha, sided="lower")[0])
+
+
+def _seed(labels: dict[str, str]) -> int:
+    return zlib.crc32("\x1f".join(f"{k}={v}" for k, v in sorted(labels.items())).encode())
+
+
+def _gaussian_sample(base: Baseline, n: int, seed: int) -> np.ndarray:
+    """Gaussian draws with the baseline's mean and covariance: the calibration sample of a
+    baseline that carries no runs."""
+    lam, vec = np.linalg.eigh((base.cov + base.cov.T) / 2.0)
+    z = np.random.default_rng(seed).standard_normal((n, lam.size))
+    out: np.ndarray = base.mean + (z * np.sqrt(np.clip(lam, 0.0, None))) @ vec.T
+    return out
 
 
 def _clamp_rate(p: float, delta: float) -> float:

@@ -15,12 +15,15 @@ import numpy as np
 
 from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
 from assaywatch.analyzers.coverage import CoverageTracker
+from assaywatch.analyzers.detectors.bootstrap import Thresholds
 from assaywatch.analyzers.model import Run, StreamKey, Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
 
 DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
-#: ARL-calibrated statistics sharing the stream's ARL0 target (Bonferroni in time).
-_ARL_SHARES = 4
+#: The default budget split (``DetectorConfig.alarm_shares``) gives each alarming detector
+#: half of the ARL0 budget; readers that show the Hotelling per-test alpha use this
+#: divisor (the engine computes it from the configured shares).
+_ARL_SHARES = 2
 
 
 @dataclass
@@ -79,6 +82,12 @@ class StreamState:
     recommended_trials: int | None = None
     #: detectors that could not be built for this baseline, with the reason
     disabled: dict[str, str] = field(default_factory=dict)
+    #: thresholds of the alarming detectors, calibrated on the baseline at its freeze
+    thresholds: Thresholds | None = None
+    #: while learning: reservoir sample of the runs' fingerprints (columns: FIXED features
+    #: then ``sample_tools`` in discovery order) for the bootstrap calibration
+    sample: list[np.ndarray] = field(default_factory=list)
+    sample_tools: list[str] = field(default_factory=list)
 
     def alarm_active(self, detector: str, hold: int) -> bool:
         if detector == "sprt":
