@@ -19,6 +19,7 @@ read ``state.key``; the state dir must be writable only by the monitor's user
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -67,22 +68,25 @@ class StateStore:
         self.key_path = self.dir / KEY_NAME
         self._lock = threading.Lock()
         self._key: bytes | None = None
-        try:
-            with self._connect() as db:
-                db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-                db.execute("CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, "
-                           "value BLOB)")
-        except sqlite3.Error as exc:
-            raise self._unusable(f"not a readable state database ({exc})") from None
+        if self.path.exists():  # fail at construction on a file that is no database
+            try:
+                with contextlib.closing(sqlite3.connect(self.path, timeout=10)) as db:
+                    db.execute("SELECT name FROM sqlite_master").fetchall()
+            except sqlite3.Error as exc:
+                raise self._unusable(f"not a readable state database ({exc})") from None
 
     def _unusable(self, why: str, path: Path | None = None) -> StateError:
         return StateError(f"{path or self.path}: {why}. It was left untouched: move the state "
                           "dir away (or give --state-dir an empty directory) to start fresh")
 
     def _connect(self) -> sqlite3.Connection:
+        """A connection for writing. Reading uses a plain connection: a state dir that is
+        refused must be left byte for byte as it was (no journal-mode switch)."""
         db = sqlite3.connect(self.path, timeout=10)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # a committed checkpoint survives power loss
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        db.execute("CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, value BLOB)")
         return db
 
     # -- the key -----------------------------------------------------------------------
@@ -129,7 +133,7 @@ class StateStore:
                 for name, value in items.items()]
         schema = str(STATE_SCHEMA)
         mac = _mac(self._writer_key(), schema, rows)
-        with self._lock, self._connect() as db:
+        with self._lock, contextlib.closing(self._connect()) as db, db:
             db.execute("DELETE FROM blobs")
             db.executemany("INSERT INTO blobs (name, value) VALUES (?, ?)", rows)
             db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -138,8 +142,17 @@ class StateStore:
     def load(self) -> dict[str, Any]:
         """The last checkpoint; raises :class:`StateError` when it cannot be read whole or
         was not written by this state dir's writer."""
+        if not self.path.exists():
+            return {}
         try:
-            with self._lock, self._connect() as db:
+            with self._lock, contextlib.closing(sqlite3.connect(self.path, timeout=10)) as db:
+                tables = {r[0] for r in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if not {"meta", "blobs"} <= tables:
+                    if tables:
+                        raise self._unusable("not a state database of the monitor "
+                                             f"(tables {sorted(tables)})")
+                    return {}
                 meta = dict(db.execute("SELECT key, value FROM meta"))
                 items = [(str(n), bytes(v)) for n, v in db.execute(
                     "SELECT name, value FROM blobs")]
