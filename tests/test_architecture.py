@@ -34,6 +34,7 @@ ROOMS = [
     "assaywatch.monitor.engine",      # stage 3: runs -> baselines, detectors, alarms
     "assaywatch.monitor.exporters",   # stage 4: Prometheus, status page and API, event log
     "assaywatch.monitor.service",     # stage 5: the running monitor wiring 1-4, its state
+    "assaywatch.monitor.scaleout",    # stage 5 on Kafka: assemblers and detector workers
     "assaywatch.monitor.offline",     # entry: gate, replay, baselines over span files
     "assaywatch.monitor.live",        # entry: live gate and the stochastic pytest plugin
     "assaywatch.monitor.demo",        # entry: the simulated agent and its terminal view

@@ -33,6 +33,7 @@ COMMANDS = (
     "mutate",
     "demo",
     "record",
+    "kafka",
     "dashboards",
 )
 
