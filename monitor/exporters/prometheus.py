@@ -71,6 +71,14 @@ class MonitorCollector(Collector):
         for (rec, reason), v in sorted(rejected.items()):
             fam.add_metric([rec, reason], v)
         yield fam
+        fam = CounterMetricFamily("assaywatch_values_sanitised",
+                                  "Values the edge repaired and kept: invalid UTF-8 replaced, "
+                                  "names and label values cut to 256 characters, span times "
+                                  "(end_before_start clamped, time_out_of_range counted).",
+                                  labels=["receiver", "reason"])
+        for (rec, reason), v in sorted(self.counters.sanitised_snapshot().items()):
+            fam.add_metric([rec, reason], v)
+        yield fam
         with self.lock:
             all_dropped = dict(dropped)
             for reason, v in self.engine.dropped.items():

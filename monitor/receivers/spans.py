@@ -57,6 +57,17 @@ class SpanSink(Protocol):
     def offer(self, spans: list[SpanRecord], receiver: str) -> bool: ...
 
 
+def sink_capacity(sink: object) -> int | None:
+    """Most spans ``sink`` can ever hold at once, when it says (an int attribute or
+    property ``capacity_spans``; None otherwise).
+
+    A request with more spans than this can never be accepted, so the receivers answer it
+    413 / RESOURCE_EXHAUSTED (not retried) instead of 503 / UNAVAILABLE forever.
+    """
+    cap = getattr(sink, "capacity_spans", None)
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
 class IngestCounters:
     """Thread-safe counters behind ``assaywatch_spans_received_total`` and
     ``assaywatch_spans_rejected_total`` (and the other "every limit has a counter" ones).
@@ -64,7 +75,9 @@ class IngestCounters:
     ``received[receiver]`` counts spans accepted into the pipeline;
     ``rejected[(receiver, reason)]`` counts spans (or requests, when no span could be
     decoded: reason says which) refused at the edge; ``dropped[reason]`` counts what the
-    pipeline discarded later (late spans, evicted traces, stream limit, ...).
+    pipeline discarded later (late spans, evicted traces, stream limit, ...);
+    ``sanitised[(receiver, reason)]`` counts values the edge repaired and kept (invalid
+    UTF-8, names and label values cut, span times; ``receivers/otlp/bounds.py``).
     """
 
     def __init__(self) -> None:
@@ -72,6 +85,7 @@ class IngestCounters:
         self.received: Counter[str] = Counter()
         self.rejected: Counter[tuple[str, str]] = Counter()
         self.dropped: Counter[str] = Counter()
+        self.sanitised: Counter[tuple[str, str]] = Counter()
 
     def add_received(self, receiver: str, n: int) -> None:
         with self._lock:
@@ -84,6 +98,14 @@ class IngestCounters:
     def add_dropped(self, reason: str, n: int = 1) -> None:
         with self._lock:
             self.dropped[reason] += n
+
+    def add_sanitised(self, receiver: str, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self.sanitised[(receiver, reason)] += n
+
+    def sanitised_snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.sanitised)
 
     def snapshot(self) -> tuple[dict[str, int], dict[tuple[str, str], int], dict[str, int]]:
         with self._lock:

@@ -15,7 +15,12 @@ sees :class:`~assaywatch.monitor.spans.SpanRecord`. It is
 * **bounded** - string and bytes values above :attr:`DecodeLimits.max_value_bytes` are
   truncated, attributes beyond :attr:`DecodeLimits.max_attributes` and events beyond
   :attr:`DecodeLimits.max_events` per span are dropped, and each is counted in
-  :attr:`DecodeResult.limited`.
+  :attr:`DecodeResult.limited`; a request with more than ``max_spans`` spans or
+  ``max_elements`` messages is refused before it is built (:class:`DecodeError` with
+  status 413), see :mod:`~assaywatch.monitor.receivers.otlp.bounds`;
+* **sanitising** - names and label-source values are cut to 256 characters, strings made
+  valid UTF-8 and span times checked, each repair counted in :attr:`DecodeResult.sanitised`
+  (:mod:`~assaywatch.monitor.receivers.otlp.bounds` has the rules).
 
 Links, trace state, flags and dropped-count fields are not read: no pipeline stage uses
 them. Spans of one ``ResourceSpans`` share a single resource dict.
@@ -26,6 +31,7 @@ imports this module; this module holds the shared types and the protobuf path.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,6 +40,17 @@ from typing import Any
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from assaywatch.monitor.receivers.otlp.bounds import (
+    FUTURE_SLACK_NS,
+    LABEL_KEYS,
+    MAX_NAME_CHARS,
+    PROTO_WALK_MIN_BYTES,
+    SAN_LABEL_TRUNCATED,
+    WireError,
+    cap_name,
+    check_times,
+    proto_element_count,
+)
 from assaywatch.monitor.receivers.spans import AttrValue, SpanEvent, SpanRecord
 
 __all__ = [
@@ -70,12 +87,16 @@ class DecodeError(ValueError):
         the ``reason`` label of ``assaywatch_spans_rejected_total``.
     message:
         Human-readable explanation returned to the client.
+    status:
+        HTTP status of the answer: 400 (undecodable) or 413 (more spans or elements than
+        the receiver's caps: RESOURCE_EXHAUSTED over gRPC; neither is retried).
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, status: int = 400) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +147,15 @@ class DecodeResult:
         Spans rejected individually, by reason (``missing_trace_id``, ...).
     limited:
         Values truncated and attributes/events dropped by the limits, by kind.
+    sanitised:
+        Values repaired and kept (invalid UTF-8, names and label values cut to 256
+        characters, span times), by reason.
     """
 
     spans: list[SpanRecord] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     limited: Counter[str] = field(default_factory=Counter)
+    sanitised: Counter[str] = field(default_factory=Counter)
 
     @property
     def rejected_count(self) -> int:
@@ -148,6 +173,7 @@ class DecodeResult:
         self.spans.extend(other.spans)
         self.rejected.update(other.rejected)
         self.limited.update(other.limited)
+        self.sanitised.update(other.sanitised)
 
 
 # --------------------------------------------------------------------------- values
@@ -172,7 +198,8 @@ def cap_bytes(b: bytes, cap: int, limited: Counter[str]) -> bytes:
     return b[:cap]
 
 
-def _proto_any(v: Any, lim: DecodeLimits, limited: Counter[str]) -> AttrValue:
+def _proto_any(v: Any, lim: DecodeLimits, limited: Counter[str],
+               sanitised: Counter[str]) -> AttrValue:
     which = v.WhichOneof("value")
     if which == "string_value":
         return cap_str(v.string_value, lim.max_value_bytes, limited)
@@ -183,15 +210,16 @@ def _proto_any(v: Any, lim: DecodeLimits, limited: Counter[str]) -> AttrValue:
     if which == "double_value":
         return float(v.double_value)
     if which == "array_value":
-        return tuple(_proto_any(x, lim, limited) for x in v.array_value.values)
+        return tuple(_proto_any(x, lim, limited, sanitised) for x in v.array_value.values)
     if which == "kvlist_value":
-        return _proto_attrs(v.kvlist_value.values, lim, limited)
+        return _proto_attrs(v.kvlist_value.values, lim, limited, sanitised)
     if which == "bytes_value":
         return cap_bytes(bytes(v.bytes_value), lim.max_value_bytes, limited)
     return None  # unset, or string_value_strindex (profiles only)
 
 
-def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str]) -> dict[str, AttrValue]:
+def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str],
+                 sanitised: Counter[str]) -> dict[str, AttrValue]:
     out: dict[str, AttrValue] = {}
     n = len(kvs)
     if n > lim.max_attributes:
@@ -204,16 +232,20 @@ def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str]) -> dict[str
         key = kv.key  # read once: each read of a upb field makes a new object
         if keep is not None and key not in keep and not key.startswith(prefixes):
             continue  # never read by the pipeline: skip before converting the value
+        if len(key) > MAX_NAME_CHARS:
+            key = cap_name(key, sanitised)
         v = kv.value
         which = v.WhichOneof("value")
         # Inline the common scalar cases: this loop is the decoder's hot path.
         if which == "string_value":
             s = v.string_value
+            if len(s) > MAX_NAME_CHARS and key in LABEL_KEYS:
+                s = cap_name(s, sanitised, SAN_LABEL_TRUNCATED)
             out[key] = s if len(s) * 4 <= cap else cap_str(s, cap, limited)
         elif which == "int_value":
             out[key] = v.int_value
         else:
-            out[key] = _proto_any(v, lim, limited)
+            out[key] = _proto_any(v, lim, limited, sanitised)
     return out
 
 
@@ -240,15 +272,44 @@ def check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:
 # --------------------------------------------------------------------------- protobuf
 
 
-def decode_proto_request(data: bytes, limits: DecodeLimits | None = None) -> DecodeResult:
+def decode_proto_request(
+    data: bytes | bytearray,
+    limits: DecodeLimits | None = None,
+    *,
+    max_spans: int | None = None,
+    max_elements: int | None = None,
+) -> DecodeResult:
     """Decode a serialized ``ExportTraceServiceRequest`` (or ``TracesData``).
+
+    ``max_spans`` and ``max_elements`` (None: unbounded, as the file readers use it) cap
+    the spans and the protobuf messages of the request; the elements are counted on the
+    wire before upb builds anything (requests of at least 256 KiB).
 
     Raises
     ------
     DecodeError
         ``malformed_protobuf`` when the bytes are not a valid message (truncated,
-        wrong wire types, invalid UTF-8 in a string field, ...).
+        wrong wire types, invalid UTF-8 in a string field, ...); ``too_many_elements``
+        or ``too_many_spans`` (status 413) past the caps.
     """
+    if max_elements is not None and len(data) >= PROTO_WALK_MIN_BYTES:
+        try:
+            n, n_spans = proto_element_count(data, max_elements, max_spans)
+        except WireError as exc:
+            raise DecodeError(
+                "malformed_protobuf",
+                f"request body is not a valid ExportTraceServiceRequest ({len(data)} bytes): "
+                f"{exc}",
+            ) from None
+        if n > max_elements:
+            raise DecodeError(
+                "too_many_elements",
+                f"request holds more than {max_elements} messages (spans, attributes, "
+                "events, ...); send smaller batches",
+                413,
+            )
+        if max_spans is not None and n_spans > max_spans:
+            raise _too_many_spans(n_spans, max_spans, exact=False)
     req = ExportTraceServiceRequest()
     try:
         req.ParseFromString(data)
@@ -257,7 +318,22 @@ def decode_proto_request(data: bytes, limits: DecodeLimits | None = None) -> Dec
             "malformed_protobuf",
             f"request body is not a valid ExportTraceServiceRequest ({len(data)} bytes): {exc}",
         ) from None
+    if max_spans is not None:
+        n_spans = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+        if n_spans > max_spans:
+            raise _too_many_spans(n_spans, max_spans)
     return records_from_request(req, limits)
+
+
+def _too_many_spans(n: int, max_spans: int, exact: bool = True) -> DecodeError:
+    held = f"{n} spans" if exact else f"more than {max_spans} spans"
+    return DecodeError(
+        "too_many_spans",
+        f"request holds {held}, more than the {max_spans} one request may carry (or the "
+        "pipeline's queue can ever hold); send smaller batches (BatchSpanProcessor "
+        "max_export_batch_size)",
+        413,
+    )
 
 
 def records_from_request(
@@ -269,11 +345,15 @@ def records_from_request(
     spans_out = result.spans
     rejected = result.rejected
     limited = result.limited
+    sanitised = result.sanitised
     max_events = lim.max_events
+    max_ns = time.time_ns() + FUTURE_SLACK_NS
     for rs in req.resource_spans:
-        resource = _proto_attrs(rs.resource.attributes, lim, limited)
+        resource = _proto_attrs(rs.resource.attributes, lim, limited, sanitised)
         for ss in rs.scope_spans:
             scope_name = ss.scope.name
+            if len(scope_name) > MAX_NAME_CHARS:
+                scope_name = cap_name(scope_name, sanitised)
             for sp in ss.spans:
                 trace_id = sp.trace_id
                 span_id = sp.span_id
@@ -290,11 +370,18 @@ def records_from_request(
                         evs = sp.events[:max_events]
                     events = [
                         SpanEvent(
-                            e.name, e.time_unix_nano, _proto_attrs(e.attributes, lim, limited)
+                            cap_name(e.name, sanitised),
+                            e.time_unix_nano,
+                            _proto_attrs(e.attributes, lim, limited, sanitised),
                         )
                         for e in evs
                     ]
                 status = sp.status
+                name = sp.name
+                if len(name) > MAX_NAME_CHARS:
+                    name = cap_name(name, sanitised)
+                start = sp.start_time_unix_nano
+                end = check_times(start, sp.end_time_unix_nano, max_ns, sanitised)
                 # Positional (SpanRecord's field order): cheaper than keywords per span.
                 # check_ids left parent empty or 8 bytes: all zeros means no parent.
                 spans_out.append(
@@ -302,13 +389,13 @@ def records_from_request(
                         trace_id.hex(),
                         span_id.hex(),
                         parent.hex() if parent and parent != _ZERO_SPAN_ID else "",
-                        sp.name,
-                        sp.start_time_unix_nano,
-                        sp.end_time_unix_nano,
+                        name,
+                        start,
+                        end,
                         sp.kind,
                         status.code,
-                        status.message,
-                        _proto_attrs(sp.attributes, lim, limited),
+                        cap_str(status.message, lim.max_value_bytes, limited),
+                        _proto_attrs(sp.attributes, lim, limited, sanitised),
                         events,
                         resource,
                         scope_name,

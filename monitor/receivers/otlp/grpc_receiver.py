@@ -8,9 +8,18 @@ situation                       answer
 all spans accepted              OK, empty ``ExportTraceServiceResponse``
 some spans rejected (bad ids)   OK with ``partial_success{rejected_spans, error_message}``
 undecodable request             ``INVALID_ARGUMENT`` (not retried by clients)
-message over the size cap       ``RESOURCE_EXHAUSTED`` (grpc's own receive limit)
+message over the size cap       ``RESOURCE_EXHAUSTED``, no RetryInfo (counted as
+                                ``message_too_large`` up to twice the cap; above
+                                that grpc refuses it before any handler runs)
+too many spans or messages      ``RESOURCE_EXHAUSTED``, no RetryInfo
+                                (``max_spans_per_request``, the sink's capacity,
+                                ``max_request_elements``)
+more than ``max_concurrent_rpcs``  ``RESOURCE_EXHAUSTED`` from grpc itself
 pipeline full (offer False)     ``UNAVAILABLE`` + ``google.rpc.RetryInfo`` (retried)
 ==============================  ===================================================
+
+RESOURCE_EXHAUSTED without RetryInfo is not retryable by the OTLP specification (the
+Python exporter retries it anyway, with backoff).
 
 The retry hint is sent twice in the trailing metadata: as ``google.rpc.retryinfo-bin``
 (a serialized ``RetryInfo``; the key the Python OTLP exporter reads) and inside a
@@ -35,8 +44,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from assaywatch.monitor.receivers.otlp.bounds import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_SPANS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, decode_proto_request
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink, sink_capacity
 
 __all__ = ["GRPC_RECEIVER", "GrpcReceiver", "SERVICE_NAME"]
 
@@ -48,6 +58,8 @@ GRPC_RECEIVER = "otlp_grpc"
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 #: gRPC's limit on sent messages; OTLP asks responses to stay below 4 MiB.
 _MAX_SEND_BYTES = 4 * 1024 * 1024
+#: Default cap on calls in progress or waiting for a worker (grpc maximum_concurrent_rpcs).
+DEFAULT_MAX_CONCURRENT_RPCS = 16
 
 
 def _retry_metadata(delay_s: float, message: str) -> tuple[tuple[str, bytes], ...]:
@@ -83,6 +95,14 @@ class GrpcReceiver:
         Retry delay advertised in ``RetryInfo`` when the pipeline is full.
     limits:
         Per-span decode limits (attribute value size, attribute and event counts).
+    max_spans_per_request, max_request_elements:
+        Spans and protobuf messages one request may carry (defaults 100,000 and
+        1,000,000; the messages are counted on the wire before upb builds them); more,
+        or more spans than the sink's ``capacity_spans``, is RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs:
+        Calls in progress or queued for a worker (default 16); grpc answers more with
+        RESOURCE_EXHAUSTED. With grpc's receive limit at twice ``max_message_bytes``,
+        received messages never hold more than 16 x 16 MiB.
     """
 
     def __init__(
@@ -95,6 +115,9 @@ class GrpcReceiver:
         max_workers: int = 4,
         retry_delay_s: float = 1.0,
         limits: DecodeLimits | None = None,
+        max_spans_per_request: int = DEFAULT_MAX_SPANS,
+        max_request_elements: int = DEFAULT_MAX_ELEMENTS,
+        max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"GrpcReceiver port must be in 0..65535, got {port}")
@@ -104,6 +127,14 @@ class GrpcReceiver:
             raise ValueError(f"GrpcReceiver max_workers must be >= 1, got {max_workers}")
         if retry_delay_s < 0:
             raise ValueError(f"GrpcReceiver retry_delay_s must be >= 0, got {retry_delay_s}")
+        for name, value in (("max_spans_per_request", max_spans_per_request),
+                            ("max_request_elements", max_request_elements),
+                            ("max_concurrent_rpcs", max_concurrent_rpcs)):
+            if value < 1:
+                raise ValueError(f"GrpcReceiver {name} must be >= 1, got {value}")
+        self.max_spans_per_request = max_spans_per_request
+        self.max_request_elements = max_request_elements
+        self.max_concurrent_rpcs = max_concurrent_rpcs
         self.sink = sink
         self.counters = counters
         self.host = host
@@ -123,8 +154,11 @@ class GrpcReceiver:
             raise RuntimeError("GrpcReceiver.start() called twice; call stop() first")
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="otlp-grpc"),
+            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
             options=[
-                ("grpc.max_receive_message_length", self.max_message_bytes),
+                # Twice the cap: messages between the two reach _handle, which refuses
+                # and counts them; grpc refuses larger ones itself, uncounted.
+                ("grpc.max_receive_message_length", min(2 * self.max_message_bytes, 2**31 - 1)),
                 ("grpc.max_send_message_length", _MAX_SEND_BYTES),
                 # gRPC binds with SO_REUSEPORT by default: a second process on the same
                 # port would start silently and take part of the traffic. Refuse instead.
@@ -188,16 +222,31 @@ class GrpcReceiver:
             raise  # unreachable: abort raises
 
     def _handle(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
+        if len(data) > self.max_message_bytes:
+            self.counters.add_rejected(GRPC_RECEIVER, "message_too_large")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"request of {len(data)} bytes exceeds the "
+                          f"{self.max_message_bytes}-byte limit; send smaller batches")
+        max_spans = self.max_spans_per_request
+        capacity = sink_capacity(self.sink)
+        if capacity is not None and capacity < max_spans:
+            max_spans = capacity
         try:
-            result = decode_proto_request(data, self.limits)
+            result = decode_proto_request(data, self.limits, max_spans=max_spans,
+                                          max_elements=self.max_request_elements)
         except DecodeError as err:
             self.counters.add_rejected(GRPC_RECEIVER, err.reason)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
+            code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.status == 413
+                    else grpc.StatusCode.INVALID_ARGUMENT)
+            context.abort(code, err.message)
             raise  # unreachable: abort raises
+        del data
         for reason, n in result.rejected.items():
             self.counters.add_rejected(GRPC_RECEIVER, reason, n)
         for kind, n in result.limited.items():
             self.counters.add_dropped(kind, n)
+        for reason, n in result.sanitised.items():
+            self.counters.add_sanitised(GRPC_RECEIVER, reason, n)
         if result.spans:
             accepted = self.sink.offer(result.spans, GRPC_RECEIVER)
             if not accepted:

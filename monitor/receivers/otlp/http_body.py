@@ -24,6 +24,7 @@ _GRPC_CODE = {
     400: code_pb2.INVALID_ARGUMENT,
     404: code_pb2.NOT_FOUND,
     405: code_pb2.UNIMPLEMENTED,
+    408: code_pb2.DEADLINE_EXCEEDED,
     411: code_pb2.INVALID_ARGUMENT,
     413: code_pb2.RESOURCE_EXHAUSTED,
     415: code_pb2.INVALID_ARGUMENT,
@@ -90,7 +91,7 @@ def _read_chunked(stream: ByteStream, cap: int) -> bytes:
         _read_exact(stream, 2)  # CRLF after the chunk
 
 
-def _inflate(data: bytes, wbits: int, cap: int, what: str) -> bytes:
+def _inflate(data: bytes, wbits: int, cap: int, what: str) -> bytearray:
     out = bytearray()
     d = zlib.decompressobj(wbits)
     buf = data
@@ -111,7 +112,7 @@ def _inflate(data: bytes, wbits: int, cap: int, what: str) -> bytes:
                     continue
                 if rest.strip(b"\x00"):
                     raise BodyError(400, f"malformed_{what}", f"trailing data after {what} stream")
-                return bytes(out)
+                return out  # no bytes() copy: up to 64 MiB
             buf = d.unconsumed_tail
             if not buf and not chunk:
                 raise BodyError(400, f"malformed_{what}", f"{what} stream is truncated")
@@ -119,7 +120,7 @@ def _inflate(data: bytes, wbits: int, cap: int, what: str) -> bytes:
         raise BodyError(400, f"malformed_{what}", f"invalid {what} data: {exc}") from None
 
 
-def inflate(data: bytes, encoding: str, cap: int) -> bytes:
+def inflate(data: bytes, encoding: str, cap: int) -> bytes | bytearray:
     """Undo ``Content-Encoding`` with an inflated-size cap (413 past it)."""
     if encoding in ("", "identity"):
         if len(data) > cap:
@@ -141,7 +142,7 @@ def read_body(
     headers: Mapping[str, str],
     max_body_bytes: int,
     max_decompressed_bytes: int,
-) -> bytes:
+) -> bytes | bytearray:
     """Read (Content-Length or chunked) and inflate a request body within the caps."""
     encoding = headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
@@ -151,11 +152,25 @@ def read_body(
             f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or identity",
             close=True,
         )
+    try:
+        raw = _read_raw(stream, headers, max_body_bytes)
+    except TimeoutError:  # the socket's idle timeout or the request deadline
+        raise BodyError(408, "body_timeout", "the request body did not arrive in time",
+                        close=True) from None
+    except OSError as exc:
+        raise BodyError(400, "truncated_body", f"reading the body failed: {exc}",
+                        close=True) from None
+    return inflate(raw, encoding, max_decompressed_bytes)
+
+
+def _read_raw(stream: ByteStream, headers: Mapping[str, str], max_body_bytes: int) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        raw = _read_chunked(stream, max_body_bytes)
+        return _read_chunked(stream, max_body_bytes)
     else:
         length_text = headers.get("content-length", "0").strip() or "0"
         try:
+            if not length_text.isdigit():  # no sign, no spaces, no "1_000"
+                raise ValueError(length_text)
             length = int(length_text)
         except ValueError:
             raise BodyError(
@@ -171,8 +186,7 @@ def read_body(
                 "send smaller batches (BatchSpanProcessor max_export_batch_size)",
                 close=True,
             )
-        raw = _read_exact(stream, length)
-    return inflate(raw, encoding, max_decompressed_bytes)
+        return _read_exact(stream, length)
 
 
 def status_body(

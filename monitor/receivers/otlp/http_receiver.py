@@ -4,7 +4,9 @@ Two layers, so the lead can mount the endpoint on another server:
 
 * :class:`TracesEndpoint` - transport-free logic: given method, path, headers and a body
   stream it returns an :class:`HttpAnswer` (status, headers, body). It never raises.
-* :class:`HttpReceiver` - a standard-library ``ThreadingHTTPServer`` around it.
+* :class:`HttpReceiver` - a hardened standard-library ``ThreadingHTTPServer`` around it
+  (:mod:`~assaywatch.monitor.receivers.otlp.http_server`: at most 64 connections, a
+  60 s deadline per request, a 128 backlog, lingering close).
 
 Answers (shared/reference/otel-conventions.md section 7), always in the request's
 content type (``application/x-protobuf`` or ``application/json``):
@@ -15,12 +17,22 @@ situation                              answer
 all accepted / empty request           200, ``ExportTraceServiceResponse``
 some spans rejected (bad ids)          200 with ``partialSuccess``
 malformed body / compression           400, ``google.rpc.Status`` + ``BadRequest``
-body > ``max_body_bytes``              413 (read no further; connection closed)
+body > ``max_body_bytes``              413 (read no further; connection closed after
+                                       the client had time to read the answer)
 inflated body > ``max_decompressed``   413 (detected while streaming the inflation)
+more spans than a request may carry    413 (``max_spans_per_request``, or more than the
+                                       pipeline's queue can ever hold)
+more JSON values / protobuf messages   413 (``max_request_elements``, counted before
+                                       the objects are built)
+body not arrived within the deadline   408 (connection closed)
 other content type or encoding         415
 other path / method                    404 / 405
+``max_concurrent_decodes`` busy        503 + ``Retry-After`` (retried by exporters)
 pipeline full (``offer`` False)        503 + ``Retry-After`` (retried by exporters)
 =====================================  ===============================================
+
+Repaired values (invalid UTF-8, long names, span times) are counted per reason in
+``IngestCounters.sanitised`` (:mod:`~assaywatch.monitor.receivers.otlp.bounds`).
 """
 
 from __future__ import annotations
@@ -28,8 +40,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from assaywatch.monitor.receivers.otlp.bounds import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_SPANS
 from assaywatch.monitor.receivers.otlp.decode import (
     DecodeError,
     DecodeLimits,
@@ -46,7 +58,12 @@ from assaywatch.monitor.receivers.otlp.http_body import (
     response_body,
     status_body,
 )
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink
+from assaywatch.monitor.receivers.otlp.http_server import (
+    DEFAULT_MAX_CONNECTIONS,
+    DeadlineRequestHandler,
+    HardenedHTTPServer,
+)
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink, sink_capacity
 
 __all__ = ["HTTP_RECEIVER", "TRACES_PATH", "HttpAnswer", "HttpReceiver", "TracesEndpoint"]
 
@@ -62,6 +79,10 @@ _CONTENT_TYPES = {
     "application/json": "application/json",
 }
 _JSON = "application/json"
+#: Default cap on bodies read, inflated and decoded at once (503 + Retry-After above it).
+DEFAULT_MAX_CONCURRENT_DECODES = 2
+#: How long a request waits for a decode slot before it is answered 503.
+_DECODE_WAIT_S = 1.0
 
 
 class TracesEndpoint:
@@ -81,6 +102,18 @@ class TracesEndpoint:
         ``Retry-After`` seconds sent with 503 when the pipeline is full.
     limits:
         Per-span decode limits.
+    max_spans_per_request:
+        Spans one request may carry (default 100,000); more, or more than the sink's
+        ``capacity_spans``, is answered 413 (never retried: it can never fit).
+    max_request_elements:
+        JSON values or protobuf messages one request may hold (default 1,000,000),
+        counted before they are built; more is answered 413.
+    max_concurrent_decodes:
+        Requests read, inflated and decoded at once (default 2; decoding holds the GIL,
+        so more would not be faster): each may hold up to ``max_decompressed_bytes``
+        twice (the inflated body, and its copy without strings while JSON values are
+        counted) plus its decoded objects. A request that waits more
+        than a second for a slot is answered 503 with ``Retry-After``.
     """
 
     def __init__(
@@ -91,6 +124,9 @@ class TracesEndpoint:
         max_decompressed_bytes: int = 64 * 1024 * 1024,
         retry_after_s: int = 1,
         limits: DecodeLimits | None = None,
+        max_spans_per_request: int = DEFAULT_MAX_SPANS,
+        max_request_elements: int = DEFAULT_MAX_ELEMENTS,
+        max_concurrent_decodes: int = DEFAULT_MAX_CONCURRENT_DECODES,
     ) -> None:
         if max_body_bytes <= 0 or max_decompressed_bytes <= 0:
             raise ValueError(
@@ -99,6 +135,15 @@ class TracesEndpoint:
             )
         if retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0 seconds, got {retry_after_s}")
+        for name, value in (("max_spans_per_request", max_spans_per_request),
+                            ("max_request_elements", max_request_elements),
+                            ("max_concurrent_decodes", max_concurrent_decodes)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.max_spans_per_request = max_spans_per_request
+        self.max_request_elements = max_request_elements
+        self.max_concurrent_decodes = max_concurrent_decodes
+        self._decodes = threading.BoundedSemaphore(max_concurrent_decodes)
         self.sink = sink
         self.counters = counters
         self.max_body_bytes = max_body_bytes
@@ -153,54 +198,71 @@ class TracesEndpoint:
                 "send application/x-protobuf or application/json",
                 close=True,
             )
-        try:
-            data = read_body(
-                body,
-                headers,
-                max_body_bytes=self.max_body_bytes,
-                max_decompressed_bytes=self.max_decompressed_bytes,
-            )
-        except BodyError as err:
-            answer = self._reject(err.reason, err.status, ctype, err.message)
-            answer.close = err.close
+        if not self._decodes.acquire(timeout=_DECODE_WAIT_S):
+            # Body unread: answer at once and close (the close lingers for the client).
+            answer = self._busy(ctype, "decoder_busy",
+                                f"assaywatch is decoding {self.max_concurrent_decodes} "
+                                f"requests already; retry after {self.retry_after_s}s")
+            answer.close = True
             return answer
         try:
-            if ctype == PROTOBUF:
-                result = decode_proto_request(data, self.limits)
-            else:
-                result = decode_json_request(data, self.limits)
-        except DecodeError as err:
-            return self._reject(err.reason, 400, ctype, err.message)
+            try:
+                data = read_body(
+                    body,
+                    headers,
+                    max_body_bytes=self.max_body_bytes,
+                    max_decompressed_bytes=self.max_decompressed_bytes,
+                )
+            except BodyError as err:
+                answer = self._reject(err.reason, err.status, ctype, err.message)
+                answer.close = err.close
+                return answer
+            max_spans = self.max_spans_per_request
+            capacity = sink_capacity(self.sink)
+            if capacity is not None and capacity < max_spans:
+                max_spans = capacity
+            try:
+                if ctype == PROTOBUF:
+                    result = decode_proto_request(data, self.limits, max_spans=max_spans,
+                                                  max_elements=self.max_request_elements)
+                else:
+                    result = decode_json_request(data, self.limits, max_spans=max_spans,
+                                                 max_values=self.max_request_elements)
+            except DecodeError as err:
+                return self._reject(err.reason, err.status, ctype, err.message)
+            del data
+        finally:
+            self._decodes.release()
         return self._deliver(result, ctype)
+
+    def _busy(self, ctype: str, reason: str, message: str, n: int = 1) -> HttpAnswer:
+        self.counters.add_rejected(HTTP_RECEIVER, reason, n)
+        body = status_body(ctype, 503, message, reason, self.retry_after_s)
+        answer = HttpAnswer(503, ctype, body)
+        answer.headers["Retry-After"] = str(self.retry_after_s)
+        return answer
 
     def _deliver(self, result: DecodeResult, ctype: str) -> HttpAnswer:
         for reason, n in result.rejected.items():
             self.counters.add_rejected(HTTP_RECEIVER, reason, n)
         for kind, n in result.limited.items():
             self.counters.add_dropped(kind, n)
+        for reason, n in result.sanitised.items():
+            self.counters.add_sanitised(HTTP_RECEIVER, reason, n)
         if result.spans:
             if not self.sink.offer(result.spans, HTTP_RECEIVER):
                 n = len(result.spans)
-                self.counters.add_rejected(HTTP_RECEIVER, "pipeline_full", n)
-                message = (
-                    f"assaywatch pipeline is full; retry after {self.retry_after_s}s "
-                    f"({n} spans not accepted)"
-                )
-                body = status_body(ctype, 503, message, "pipeline_full", self.retry_after_s)
-                answer = HttpAnswer(503, ctype, body)
-                answer.headers["Retry-After"] = str(self.retry_after_s)
-                return answer
+                return self._busy(ctype, "pipeline_full",
+                                  f"assaywatch pipeline is full; retry after "
+                                  f"{self.retry_after_s}s ({n} spans not accepted)", n)
             self.counters.add_received(HTTP_RECEIVER, len(result.spans))
         return HttpAnswer(
             200, ctype, response_body(ctype, result.rejected_count, result.error_message)
         )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(DeadlineRequestHandler):
     server_version = "assaywatch-otlp"
-    #: Socket timeout: a client that stalls mid-request is dropped (slowloris guard).
-    timeout = 30.0
     endpoint: TracesEndpoint  # set on the per-receiver subclass
 
     def _serve(self) -> None:
@@ -230,7 +292,9 @@ class HttpReceiver:
     """OTLP/HTTP receiver on a ``ThreadingHTTPServer`` (one thread per connection).
 
     Parameters are those of :class:`TracesEndpoint`, plus ``host`` and ``port``
-    (0 picks a free port, returned by :meth:`start`).
+    (0 picks a free port, returned by :meth:`start`), ``max_connections`` (connections
+    served at once; one more is answered 503 and closed) and ``request_deadline_s`` (a
+    request's line, headers and body must arrive within it; 408 or a close otherwise).
     """
 
     def __init__(
@@ -243,15 +307,23 @@ class HttpReceiver:
         max_decompressed_bytes: int = 64 * 1024 * 1024,
         retry_after_s: int = 1,
         limits: DecodeLimits | None = None,
+        max_spans_per_request: int = DEFAULT_MAX_SPANS,
+        max_request_elements: int = DEFAULT_MAX_ELEMENTS,
+        max_concurrent_decodes: int = DEFAULT_MAX_CONCURRENT_DECODES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_deadline_s: float = 60.0,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"HttpReceiver port must be in 0..65535, got {port}")
         self.host = host
         self.port = port
+        self.max_connections = max_connections
+        self.request_deadline_s = request_deadline_s
         self.endpoint = TracesEndpoint(
-            sink, counters, max_body_bytes, max_decompressed_bytes, retry_after_s, limits
+            sink, counters, max_body_bytes, max_decompressed_bytes, retry_after_s, limits,
+            max_spans_per_request, max_request_elements, max_concurrent_decodes,
         )
-        self._server: ThreadingHTTPServer | None = None
+        self._server: HardenedHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.bound_port: int | None = None
 
@@ -259,9 +331,11 @@ class HttpReceiver:
         """Bind and serve in a background thread; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("HttpReceiver.start() called twice; call stop() first")
-        handler = type("OtlpTracesHandler", (_Handler,), {"endpoint": self.endpoint})
+        handler = type("OtlpTracesHandler", (_Handler,), {
+            "endpoint": self.endpoint, "request_deadline_s": self.request_deadline_s})
         try:
-            server = ThreadingHTTPServer((self.host, self.port), handler)
+            server = HardenedHTTPServer((self.host, self.port), handler,
+                                        max_connections=self.max_connections)
         except OSError as exc:
             raise OSError(
                 f"OTLP/HTTP receiver cannot bind {self.host}:{self.port}: {exc}; "
