@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -33,12 +34,20 @@ def register(sub: Any) -> None:
     r = bsub.add_parser("reset", help="make a running monitor re-learn a stream's baseline",
                         description="POST /api/rebaseline to a running monitor: the stream "
                                     "forgets its baseline and learns a new one from its "
-                                    "next runs.")
+                                    "next runs. The monitor wants its API token: "
+                                    "ASSAYWATCH_API_TOKEN, else the api-token file in its "
+                                    "state dir (--state-dir).")
     r.add_argument("--url", default="http://127.0.0.1:9464",
                    help="the monitor's metrics address (default http://127.0.0.1:9464)")
-    r.add_argument("--agent", required=True)
-    r.add_argument("--version", default="", dest="agent_version")
-    r.add_argument("--scenario", default="")
+    r.add_argument("--agent", required=True, metavar="NAME",
+                   help="the stream's agent name")
+    r.add_argument("--version", default="", dest="agent_version", metavar="V",
+                   help="the stream's agent version (default: empty)")
+    r.add_argument("--scenario", default="", metavar="S",
+                   help="the stream's scenario (default: empty)")
+    r.add_argument("--state-dir", metavar="DIR", default=None,
+                   help="the monitor's state dir, whose api-token file is read when "
+                        "ASSAYWATCH_API_TOKEN is not set (env ASSAYWATCH_STATE_DIR)")
     r.set_defaults(func=reset)
 
 
@@ -75,13 +84,35 @@ def build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(state_dir: str | None) -> str | None:
+    from assaywatch.monitor.commands._common import usage_error
+
+    token = os.environ.get("ASSAYWATCH_API_TOKEN", "").strip()
+    if token:
+        return token
+    state_dir = state_dir if state_dir is not None else os.environ.get("ASSAYWATCH_STATE_DIR")
+    if not state_dir:
+        return None
+    path = os.path.join(state_dir, "api-token")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except OSError as exc:
+        raise usage_error(f"cannot read the monitor's API token {path}: {exc.strerror}; "
+                          "set ASSAYWATCH_API_TOKEN instead") from None
+
+
 def reset(args: argparse.Namespace) -> int:
     from assaywatch.monitor.commands._common import usage_error
 
     body = json.dumps({"agent": args.agent, "version": args.agent_version,
                        "scenario": args.scenario}).encode()
+    headers = {"Content-Type": "application/json"}
+    token = _token(args.state_dir)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(args.url.rstrip("/") + "/api/rebaseline", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+                                 headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             print(resp.read().decode())
@@ -91,6 +122,15 @@ def reset(args: argparse.Namespace) -> int:
             raise usage_error(
                 f"the monitor at {args.url} has no stream agent={args.agent} "
                 f"version={args.agent_version!r} scenario={args.scenario!r}") from None
-        raise usage_error(f"the monitor at {args.url} answered {exc.code}") from None
+        try:
+            detail = json.loads(exc.read()).get("error", "")
+        except (ValueError, AttributeError, OSError):
+            detail = ""
+        hint = ""
+        if exc.code == 401 and not token:
+            hint = ("; no token was sent: set ASSAYWATCH_API_TOKEN or give the monitor's "
+                    "--state-dir")
+        raise usage_error(f"the monitor at {args.url} answered {exc.code}"
+                          f"{': ' + detail if detail else ''}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise usage_error(f"cannot reach the monitor at {args.url}: {exc}") from None
