@@ -421,3 +421,210 @@ def test_a_checkpoint_not_written_by_the_state_dirs_writer_is_refused(tmp_path) 
     os.chmod(tmp_path / "state.key", 0o644)
     with pytest.raises(StateError, match="mode 0600"):
         StateStore(tmp_path).load()
+
+
+# -- durability (monitor/README.md "Durability"): write-ahead log, replay, counters ----------
+SPANS_PER_RUN = 6  # tool_agent(): the agent span, three model calls, two tool calls
+
+
+def _durable_config(state_dir: object, **extra: object) -> MonitorConfig:
+    return MonitorConfig.from_mapping({
+        "listen": {"otlp_grpc": "", "otlp_http": "", "metrics": "127.0.0.1:0"},
+        "assembler": {"grace_seconds": 0.2}, "detectors": {"learn_runs": 20},
+        "checkpoint_seconds": 3600, "state_dir": str(state_dir), **extra})
+
+
+def _offer_runs(mon: Monitor, n: int, seed: int) -> list[str]:
+    from tests.monitor.spanfactory import SpanFactory, tool_agent
+
+    f = SpanFactory(seed=seed)
+    tids = []
+    for _ in range(n):
+        spans = f.agent_run(tool_agent(), "genai")
+        assert mon.pipeline.offer(spans, "otlp_http")
+        tids.append(spans[0].trace_id)
+    return tids
+
+
+def _runs(mon: Monitor) -> int:
+    return sum(st.n_runs for st in mon.engine.streams())
+
+
+def _wait_runs(mon: Monitor, n: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _runs(mon) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _runs(mon) == n
+
+
+def _crash(mon: Monitor) -> None:
+    """As near kill -9 as a test process gets: no drain, no checkpoint."""
+    mon.stop(save=False)
+
+
+def test_wal_round_trips_span_records_without_pickle(tmp_path) -> None:
+    from assaywatch.monitor.receivers.spans import SpanEvent, SpanRecord
+    from assaywatch.monitor.service.wal import WriteAheadLog, encode_batch
+
+    res = {"service.name": "svc", "host.ids": ("a", "b")}
+    spans = [SpanRecord("t" * 32, "s1", "", "root ü \u2603", 1, 2**62, 1, 2, "boom",
+                        {"b": b"\x00\xff", "f": float("inf"), "l": (1, 2.5, True, "x"),
+                         "m": {"k": (b"z",)}, "n": None, "i": -7},
+                        [SpanEvent("ev", 5, {"x": b"1"})], res, "scope"),
+             SpanRecord("t" * 32, "s2", "s1", "child", 3, 4, resource=res)]
+    wal = WriteAheadLog(tmp_path, segment_bytes=4096, fsync_seconds=0)
+    wal.open()
+    positions = [wal.append(encode_batch("otlp_grpc", spans))[0] for _ in range(40)]
+    assert len(wal.segments()) > 1  # rotated
+    wal.close()
+    again = WriteAheadLog(tmp_path)
+    read = list(again.read_from(positions[3]))
+    assert [p for p, _, _ in read] == positions[3:]
+    _, receiver, got = read[0]
+    assert receiver == "otlp_grpc" and got == spans
+    assert got[0].resource is got[1].resource  # shared, as the decoder shares it
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "wal").iterdir())
+    assert b"\x80\x05" not in raw[:2] and b"cbuiltins" not in raw  # JSON, not pickle
+
+
+def test_wal_torn_tail_is_skipped(tmp_path) -> None:
+    from assaywatch.monitor.service.wal import WriteAheadLog, encode_batch
+    from tests.monitor.spanfactory import SpanFactory, tool_agent
+
+    wal = WriteAheadLog(tmp_path, fsync_seconds=-1)
+    wal.open()
+    batch = SpanFactory(seed=1).agent_run(tool_agent(), "genai")
+    for _ in range(3):
+        wal.append(encode_batch("otlp_http", batch))
+    wal.close()
+    (seg,) = (tmp_path / "wal").iterdir()
+    data = seg.read_bytes()
+    seg.write_bytes(data + data[8:40])  # the header and the start of a 4th record
+    assert len(list(WriteAheadLog(tmp_path).read_from((0, 0)))) == 3
+
+
+def test_kill_replays_acknowledged_spans_and_counts_each_run_once(tmp_path) -> None:
+    cfg = _durable_config(tmp_path)
+    mon = Monitor(cfg)
+    mon.start()
+    _offer_runs(mon, 30, seed=1)
+    _wait_runs(mon, 30)
+    mon.checkpoint()  # 30 runs in the checkpoint; their spans leave the log window
+    _offer_runs(mon, 12, seed=2)
+    _wait_runs(mon, 42)  # processed after the checkpoint: lost with the process
+    _offer_runs(mon, 5, seed=3)  # acknowledged, still pending at the kill
+    _crash(mon)
+    seg = sorted((tmp_path / "wal").iterdir())[-1]
+    with open(seg, "ab") as fh:
+        fh.write(b"\x10\x00\x00\x00torn")  # the process died inside a write
+    again = Monitor(cfg)
+    again.start()
+    try:
+        assert _runs(again) == 47  # complete runs are closed by the replay itself
+        assert again.counters.snapshot()[0] == {"otlp_http": 47 * SPANS_PER_RUN}
+        again.checkpoint()
+        assert [p.name for p in sorted((tmp_path / "wal").iterdir())] == [
+            "0000000000000002.wal"]  # the old segments are behind the low-water mark
+    finally:
+        again.stop()
+    third = Monitor(cfg)
+    third.start()
+    try:
+        assert _runs(third) == 47 and third.replayed_spans == 0
+    finally:
+        third.stop()
+
+
+def test_graceful_stop_refuses_new_work_and_leaves_pending_traces_in_the_log(
+        tmp_path) -> None:
+    from tests.monitor.spanfactory import SpanFactory, tool_agent
+
+    cfg = _durable_config(tmp_path, assembler={"grace_seconds": 30})
+    mon = Monitor(cfg)
+    mon.start()
+    _offer_runs(mon, 4, seed=5)
+    unfinished = [s for s in SpanFactory(seed=6).agent_run(tool_agent(), "genai")
+                  if s.parent_span_id]  # the agent span has not ended yet
+    assert mon.pipeline.offer(unfinished, "otlp_http")
+    mon.stop()
+    assert not mon.pipeline.offer(SpanFactory(seed=7).agent_run(tool_agent(), "genai"),
+                                  "otlp_http")  # 503 / UNAVAILABLE with a retry hint
+    assert _runs(mon) == 0  # not closed at the stop: still pending, in the log
+    again = Monitor(cfg)
+    again.start()
+    try:
+        assert again.replayed_spans == 5 * SPANS_PER_RUN - 1
+        # the complete runs close at once; the unfinished one waits for its agent span
+        assert _runs(again) == 4 and again.pipeline.pending_traces() == 1
+    finally:
+        again.stop()
+
+
+def test_counters_never_go_backwards_across_a_crash(tmp_path) -> None:
+    cfg = _durable_config(tmp_path)
+    mon = Monitor(cfg)
+    mon.start()
+    _offer_runs(mon, 3, seed=7)
+    mon.counters.add_received("otlp_http", 3 * SPANS_PER_RUN)  # as the receiver does
+    mon.counters.add_rejected("otlp_grpc", "malformed", 2)
+    mon.checkpoint()
+    mon.counters.add_rejected("otlp_grpc", "malformed", 5)  # after the checkpoint...
+    mon.counters.add_sanitised("otlp_grpc", "invalid_utf8", 4)
+    exported = mon.counters.snapshot(), mon.counters.sanitised_snapshot()  # ...scraped
+    _crash(mon)
+    again = Monitor(cfg)
+    again.start()
+    try:
+        received, rejected, _ = again.counters.snapshot()
+        assert received["otlp_http"] >= exported[0][0]["otlp_http"] == 3 * SPANS_PER_RUN
+        assert rejected[("otlp_grpc", "malformed")] >= 7
+        assert again.counters.sanitised_snapshot()[("otlp_grpc", "invalid_utf8")] >= 4
+    finally:
+        again.stop()
+
+
+def test_a_replayed_alarm_onset_is_recorded_once(tmp_path) -> None:
+    from assaywatch.monitor.engine.streams import AlarmEvent
+    from assaywatch.monitor.exporters.events import EventLog
+    from assaywatch.monitor.service.onsets import OnsetRecorder
+
+    def onset(run_index: int, detector: str = "sprt") -> AlarmEvent:
+        return AlarmEvent(KEY, detector, run_index, run_index + 50, f"r{run_index}", "r0",
+                          "b1", {"llr": 3.0})
+
+    log = EventLog(tmp_path)
+    first = OnsetRecorder(log, hold_runs=200)
+    first.load(None)
+    since = first.offset()  # the checkpoint
+    assert first.record(onset(40))
+    with open(log.path, "a") as fh:
+        fh.write('{"event": "alarm", "agent": "torn')  # died inside an append
+    after = OnsetRecorder(log, hold_runs=200)
+    after.load(since)
+    assert not after.record(onset(40))  # the replay fires it again: same id
+    assert not after.record(onset(12))  # an onset before a recorded one: the replay
+    assert after.record(onset(45, "hotelling"))
+    assert after.record(onset(300))  # a later episode
+    lines = [json.loads(x) for x in log.path.read_text().splitlines()]
+    assert [(e["detector"], e["run_index"]) for e in lines] == [
+        ("sprt", 40), ("hotelling", 45), ("sprt", 300)]
+    assert len({e["onset_id"] for e in lines}) == 3
+
+
+def test_a_checkpoint_not_written_by_the_state_dirs_writer_is_refused(tmp_path) -> None:
+    import os
+
+    from assaywatch.monitor.service.state import StateError, StateStore
+
+    store = StateStore(tmp_path)
+    store.save({"engine": ({}, {}, {}), "counters": {"received": {}}})
+    assert StateStore(tmp_path).load()["counters"] == {"received": {}}
+    assert os.stat(tmp_path / "state.key").st_mode & 0o777 == 0o600
+    other = tmp_path / "other"
+    StateStore(other).save({"engine": ({}, {}, {"x": 1})})
+    os.replace(other / "state.sqlite", tmp_path / "state.sqlite")  # valid, foreign key
+    with pytest.raises(StateError, match="MAC does not match"):
+        StateStore(tmp_path).load()
+    os.chmod(tmp_path / "state.key", 0o644)
+    with pytest.raises(StateError, match="mode 0600"):
+        StateStore(tmp_path).load()
