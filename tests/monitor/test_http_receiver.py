@@ -260,3 +260,67 @@ def test_real_exporter_honours_retry_after_and_succeeds(server: Any) -> None:
     assert_received_exactly(sink.spans, spans)
     # Retry-After: 0 replaced the exporter's own backoff (>= 0.8 s + 1.6 s with jitter).
     assert elapsed < 0.8
+
+
+# --------------------------------------------------------------------------- hostile clients
+
+
+def test_slow_drip_body_is_cut_at_the_request_deadline() -> None:
+    sink, counters = Sink(), IngestCounters()
+    rec = HttpReceiver(sink, counters, port=0, request_deadline_s=1.0)
+    port = rec.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
+            t0 = time.monotonic()
+            for _ in range(4):  # one byte every 0.4 s: each read is quick, the whole is not
+                sock.sendall(b"a")
+                time.sleep(0.4)
+            reply = sock.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5
+        assert counters.rejected[(R, "body_timeout")] == 1
+        assert_still_serving(f"http://127.0.0.1:{port}/v1/traces", sink)
+    finally:
+        rec.stop()
+
+
+def test_busy_decoders_answer_503_and_a_request_that_never_fits_413() -> None:
+    class Small(Sink):
+        capacity_spans = 3  # the pipeline's queue can never hold more
+
+    sink, counters = Small(), IngestCounters()
+    rec = HttpReceiver(sink, counters, port=0, max_concurrent_decodes=1, retry_after_s=2)
+    port = rec.start()
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    try:
+        resp = requests.post(url, data=proto_body(sdk_spans(4)), headers=PB, timeout=5)
+        assert resp.status_code == 413 and "Retry-After" not in resp.headers
+        assert counters.rejected[(R, "too_many_spans")] == 1
+        rec.endpoint._decodes.acquire()  # one decode in progress: the only slot taken
+        try:
+            resp = requests.post(url, data=proto_body(sdk_spans(1)), headers=PB, timeout=5)
+            assert resp.status_code == 503 and resp.headers["Retry-After"] == "2"
+        finally:
+            rec.endpoint._decodes.release()
+        assert counters.rejected[(R, "decoder_busy")] == 1
+        assert_still_serving(url, sink)
+    finally:
+        rec.stop()
+
+
+def test_connections_beyond_the_cap_get_503() -> None:
+    sink, counters = Sink(), IngestCounters()
+    rec = HttpReceiver(sink, counters, port=0, max_connections=2)
+    port = rec.start()
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert_still_serving(f"http://127.0.0.1:{port}/v1/traces", sink)
+    rec.stop()

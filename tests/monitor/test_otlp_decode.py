@@ -399,3 +399,60 @@ def test_request_to_json_follows_otlp_json_rules() -> None:
     out = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     assert out["traceId"] == TID and out["spanId"] == SID and "parentSpanId" not in out
     assert out["startTimeUnixNano"] == str(2**62) and out["kind"] == 3
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+def test_label_keys_cover_every_key_the_stream_key_and_labels_come_from() -> None:
+    """Every attribute the pipeline makes a stream key, tool, model or provider of is
+    capped at 256 characters at the edge (receivers/otlp/bounds.py LABEL_KEYS)."""
+    from assaywatch.monitor.pipeline import dialects
+    from assaywatch.monitor.receivers.otlp.bounds import LABEL_KEYS
+
+    for table in ("SCENARIO_KEYS", "MODEL_KEYS", "PROVIDER_KEYS"):
+        assert set(getattr(dialects, table)) <= LABEL_KEYS, table
+    assert {"gen_ai.agent.name", "agent.name", "gen_ai.agent.version", "service.name",
+            "service.version", "gen_ai.tool.name", "tool.name",
+            "traceloop.entity.name"} <= LABEL_KEYS
+
+
+def test_json_lone_surrogates_long_names_and_times_are_repaired() -> None:
+    from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
+
+    doc = {"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "s" * 1000}}]},
+        "scopeSpans": [{"scope": {"name": "SURR"}, "spans": [
+            {"traceId": "01" * 16, "spanId": "02" * 8, "name": "n" * 300,
+             "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1",
+             "attributes": [{"key": "gen_ai.agent.name", "value": {"stringValue": "aSURR"}}]},
+            {"traceId": "01" * 16, "spanId": "03" * 8, "startTimeUnixNano": "-1"},
+        ]}]}]}
+    body = json.dumps(doc).encode().replace(b"SURR", b"\\ud800")
+    result = decode_json_request(body)
+    (span,) = result.spans
+    assert span.attributes["gen_ai.agent.name"] == "a\ufffd\ufffd\ufffd"
+    assert span.scope_name == "\ufffd\ufffd\ufffd" and len(span.name) == 256
+    assert len(span.resource["service.name"]) == 256
+    assert span.end_ns == span.start_ns  # end before start: clamped
+    assert result.rejected == {"invalid_timestamp": 1}
+    assert result.sanitised == {"invalid_utf8": 2, "name_truncated": 1,
+                                "label_value_truncated": 1, "end_before_start": 1,
+                                "time_out_of_range": 1}
+
+
+def test_request_caps_answer_413_before_building() -> None:
+    from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
+
+    with pytest.raises(DecodeError) as err:
+        decode_json_request(b'{"resourceSpans":[' + b"{}," * 5000 + b"{}]}", max_values=1000)
+    assert (err.value.status, err.value.reason) == (413, "too_many_values")
+    spans = [{"traceId": "01" * 16, "spanId": "02" * 8}] * 11
+    with pytest.raises(DecodeError) as err:
+        decode_json_request(json.dumps({"resourceSpans": [{"scopeSpans": [
+            {"spans": spans}]}]}), max_spans=10)
+    assert (err.value.status, err.value.reason) == (413, "too_many_spans")
+    empty_spans = b"\x0a\x84\x80\x20\x12\x80\x80\x20" + b"\x12\x00" * (1 << 18)
+    with pytest.raises(DecodeError) as err:
+        decode_proto_request(empty_spans, max_spans=1000, max_elements=10**6)
+    assert (err.value.status, err.value.reason) == (413, "too_many_spans")

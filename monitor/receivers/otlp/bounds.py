@@ -76,7 +76,9 @@ LABEL_KEYS: frozenset[str] = frozenset({
     "gen_ai.operation.name", "openinference.span.kind", "traceloop.span.kind",
     "langfuse.observation.type", "gen_ai.provider.name", "gen_ai.system",
     "gen_ai.request.model", "gen_ai.response.model", "llm.model_name",
-    "llm.response.model_name", "llm.request.model", "error.type",
+    "llm.response.model_name", "llm.request.model", "llm.request.model_name",
+    "embedding.model_name", "langfuse.observation.model.name", "llm.system", "llm.provider",
+    "error.type",
 })
 #: 2000-01-01T00:00:00Z: earlier span times are counted as ``time_out_of_range``.
 MIN_TIME_NS = 946_684_800 * 10**9
