@@ -17,7 +17,12 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from assaywatch.analyzers.model import Verdict
-from assaywatch.analyzers.verdicts import REGRESSION_TESTS, decide_regression, planned_power
+from assaywatch.analyzers.verdicts import (
+    REGRESSION_TESTS,
+    candidate_sample_size,
+    decide_regression,
+    planned_power,
+)
 
 Correction = Literal["holm", "none"]
 
@@ -48,6 +53,8 @@ class ScenarioResult(Protocol):
     @property
     def p_value(self) -> float: ...
     @property
+    def ni_p_value(self) -> float: ...
+    @property
     def p_b(self) -> float: ...
     @property
     def p_c(self) -> float: ...
@@ -73,22 +80,32 @@ class SuiteVerdict:
     powers: tuple[float, ...]
     correction: str
     alpha: float
+    n_required: tuple[int | None, ...] = ()
 
 
 def suite_verdict(
     results: Sequence[ScenarioResult], alpha: float = 0.05, correction: Correction = "holm"
 ) -> SuiteVerdict:
-    """Suite verdict over scenario regression results (SPEC 3.8).
+    """Suite verdict over scenario regression results (SPEC 3.8, with the errata).
 
-    Each scenario is re-decided with the SPEC 3.4 rule on its Holm-adjusted p-value: Fail
-    if adjusted p < alpha and the observed drop >= delta, Pass if adjusted p >= alpha and
-    the design has power >= 1 - beta. The suite fails if any scenario fails, is
-    Inconclusive if none fails and any is Inconclusive, and passes if all pass.
+    Each scenario is re-decided on its Holm-adjusted p-value (``decide_regression``): Fail
+    if the adjusted p < alpha and non-inferiority is not shown; Pass if non-inferiority is
+    shown at the scenario's beta and the adjusted p >= alpha; else Inconclusive. The suite
+    fails if any scenario fails, is Inconclusive if none fails and any is Inconclusive, and
+    passes if all pass.
 
-    The power a Pass relies on is recomputed at the Bonferroni level alpha/m: if one
-    scenario regressed by delta and the others did not, Holm detects it at least when its
-    own p-value is below alpha/m, so that power lower-bounds what the suite really has.
-    Using the per-scenario power at alpha would overstate it m-fold in level. With
+    What is exact. (1) P(some Fail | no scenario changed) <= alpha: Holm controls the
+    family-wise error under any dependence (Fisher's p-values are valid, conservative).
+    (2) P(Pass | some scenario regressed by >= delta) <= beta: the suite passes only if
+    that scenario passes its non-inferiority test, whose size is beta (an
+    intersection-union test: no correction is needed, the score test's size is
+    asymptotic, its exact value is computed by ``noninferiority_power``). (3) The power
+    to Fail one scenario regressed by delta among m is at least that of its own test at
+    the Bonferroni level alpha/m (Holm rejects at least what Bonferroni rejects); ``powers``
+    reports it, and ``n_required`` the candidate runs (:func:`candidate_sample_size` with
+    ``tests = m``) at which it reaches 1 - beta and an unchanged scenario passes with
+    probability >= 1 - alpha/m, so that an unchanged suite is held back only by a Holm
+    rejection or a rare outcome between the two tests' regions. With
     ``correction="none"`` p-values and power are used at alpha as they are (for comparison
     only: an unchanged 20-scenario suite then rarely deploys).
     """
@@ -101,22 +118,30 @@ def suite_verdict(
         raise ValueError("suite_verdict needs at least one scenario result")
     raw = [r.p_value for r in results]
     adjusted = holm(raw) if correction == "holm" else [float(p) for p in raw]
-    level = alpha / m if correction == "holm" else alpha
+    tests = m if correction == "holm" else 1
     verdicts: list[Verdict] = []
     powers: list[float] = []
+    needed: list[int | None] = []
     for r, p_adj in zip(results, adjusted, strict=True):
         if r.test not in REGRESSION_TESTS:
             raise ValueError(f"scenario test must be one of {REGRESSION_TESTS}, got {r.test!r}")
-        power = planned_power(r.p_b, r.n_b, r.n_c, r.delta, level, r.test)
-        powers.append(power)
-        verdicts.append(decide_regression(p_adj, r.p_b - r.p_c, power, alpha, r.beta, r.delta))
+        test = "fisher" if r.test == "fisher" else "z"
+        powers.append(planned_power(r.p_b, r.n_b, r.n_c, r.delta, alpha / tests, test))
+        verdict = decide_regression(p_adj, r.ni_p_value, alpha, r.beta)
+        verdicts.append(verdict)
+        k_b = round(r.p_b * r.n_b)
+        needed.append(
+            candidate_sample_size(k_b, r.n_b, r.delta, alpha, r.beta, test, tests)
+            if verdict is Verdict.INCONCLUSIVE and r.ni_p_value >= r.beta else 0
+        )
     if Verdict.FAIL in verdicts:
         overall = Verdict.FAIL
     elif Verdict.INCONCLUSIVE in verdicts:
         overall = Verdict.INCONCLUSIVE
     else:
         overall = Verdict.PASS
-    return SuiteVerdict(overall, tuple(verdicts), tuple(adjusted), tuple(powers), correction, alpha)
+    return SuiteVerdict(overall, tuple(verdicts), tuple(adjusted), tuple(powers), correction,
+                        alpha, tuple(needed))
 
 
 class GateDecision(Enum):

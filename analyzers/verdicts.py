@@ -12,17 +12,46 @@ Measured properties (tests/analyzers/test_verdicts.py):
   with n because k is discrete). ``method="one-sided"`` spends the whole alpha on the
   Pass side: 0.034-0.058 on the same grid (Wilson coverage is approximate, it can exceed
   alpha a little; use ``"clopper-pearson"`` when a guaranteed bound matters).
-* The regression rule's Fail needs p < alpha AND an observed drop >= delta (SPEC 3.4). At a
-  true drop of exactly delta the observed drop reaches delta only about half the time, so
-  P(Fail) is about 0.5 there however large n is; the *test* rejects with the planned power.
-  A regression clearly larger than delta fails with the test's power.
+* The regression rule (SPEC 3.4 with the errata of 2026-12-02) is two one-sided tests on
+  the same counts. **Fail**: the one-sided Fisher exact test (or the pooled z-test) says the
+  candidate is worse than the baseline, p < alpha (after Holm in a suite), and the data do
+  not show the drop to be smaller than delta. **Pass**: the non-inferiority test says the
+  candidate is no worse than baseline - delta (H0: p_c <= p_b - delta rejected at level
+  beta), and the Fail test does not reject. Anything else is Inconclusive: too few runs to
+  tell (neither test rejects), or a real drop shown to be smaller than delta (both reject).
+* Why beta for the non-inferiority test: a Pass is the decision "deploy", and deploying a
+  candidate that is delta worse is exactly the Type II error the gate promises to keep at
+  beta. A suite deploys only if *every* stream passes, so by the intersection-union
+  principle (Berger 1982) P(deploy | some stream regressed by >= delta) <= beta with no
+  multiplicity correction at all; the correction (Holm, alpha/m) belongs to the Fail side
+  only. The old rule ("observed drop >= delta" for Fail, "power >= 1 - beta" for Pass) blocks
+  a true drop of exactly delta only about half the time and deploys it far more often than
+  beta (measured 35% among 20 scenarios).
+* The non-inferiority test is the Farrington-Manning score test for a difference with
+  margin (restricted maximum likelihood variance under p_c = p_b - delta, closed form). It
+  is asymptotic; its exact size is computed by :func:`noninferiority_power` (a sum over the
+  binomial outcomes): at p = 0.9 it is 0.099-0.101 for 232-450 runs per arm, at most 0.104
+  over p in [0.15, 0.999] for 232-450 runs per arm, 0.108 for 2,000 vs 50 and 0.124 for
+  1,000 vs 30 at p near 1 (tests/analyzers/test_verdicts.py).
+* Exact arithmetic: the observed difference k_c/n_c - k_b/n_b + delta is a fraction of
+  integers (delta as written, ``Fraction(repr(delta))``), so 240/300 against 270/300 with
+  delta 0.1 is exactly on the margin (z = 0), not "0.0999... < 0.1".
+* Planning: :func:`planned_sample_size` (equal arms) and :func:`candidate_sample_size`
+  (baseline fixed) give the smallest n at which the Fail test run at the *smallest level a
+  stream can face*, alpha/m for a Holm family of m tests, has power 1 - beta at a drop of
+  delta, and the Pass test passes an unchanged stream with probability >= 1 - alpha/m. At
+  that n the two rejection regions meet (normal approximation: exactly), so an unchanged
+  suite is held back only by a Holm rejection (probability <= alpha) or a rare outcome
+  between the regions; a regression of delta deploys with probability <= beta at any n.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Literal
 
@@ -273,29 +302,205 @@ def planned_power(
     return _power(float(p_b), n_b, max(0.0, float(p_b) - delta), n_c, float(alpha), test)
 
 
+def noninferiority_z(
+    k_b: npt.ArrayLike, n_b: int, k_c: npt.ArrayLike, n_c: int, delta: float
+) -> npt.NDArray[np.float64]:
+    """Farrington-Manning score statistic for H0: p_c <= p_b - delta, vectorised.
+
+    z = (p_c_hat - p_b_hat + delta) / sqrt(~p_c ~q_c / n_c + ~p_b ~q_b / n_b), where ~p are the
+    maximum likelihood estimates restricted to p_c = p_b - delta (the root of a cubic, in
+    closed form: Farrington and Manning 1990, Miettinen and Nurminen 1985). Large z: the
+    candidate is shown to be no worse than baseline - delta. One-sided p-value: ``norm.sf``.
+    """
+    kb = np.asarray(k_b, dtype=np.float64)
+    kc = np.asarray(k_c, dtype=np.float64)
+    p1, p2 = kc / n_c, kb / n_b  # 1: candidate, 2: baseline; H0 boundary p1 - p2 = s0
+    s0 = -float(delta)
+    theta = n_b / n_c
+    a = 1.0 + theta
+    b = -(1.0 + theta + p1 + theta * p2 + s0 * (theta + 2.0))
+    c = s0 * s0 + s0 * (2.0 * p1 + theta + 1.0) + p1 + theta * p2
+    d = -p1 * s0 * (1.0 + s0)
+    v = b**3 / (3.0 * a) ** 3 - b * c / (6.0 * a * a) + d / (2.0 * a)
+    u = np.sign(v) * np.sqrt(np.maximum(b * b / (3.0 * a) ** 2 - c / (3.0 * a), 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(u != 0, v / u**3, 0.0)
+    w = (math.pi + np.arccos(np.clip(ratio, -1.0, 1.0))) / 3.0
+    pc = np.clip(2.0 * u * np.cos(w) - b / (3.0 * a), 0.0, 1.0)
+    pb = np.clip(pc - s0, 0.0, 1.0)
+    var = pc * (1.0 - pc) / n_c + pb * (1.0 - pb) / n_b
+    diff = p1 - p2 - s0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, diff / np.sqrt(var), np.sign(diff) * np.inf)
+    return np.asarray(z, dtype=np.float64)
+
+
+def _exact_fraction(x: float) -> Fraction:
+    """A level or margin as written (0.1 is 1/10, not the binary double nearest to it)."""
+    return Fraction(repr(float(x)))
+
+
+def noninferiority_pvalue(k_b: int, n_b: int, k_c: int, n_c: int, delta: float) -> float:
+    """One-sided p-value of H0: p_c <= p_b - delta (small: non-inferior), for one table.
+
+    The sign of the observed margin k_c/n_c - k_b/n_b + delta is decided in exact rational
+    arithmetic: exactly on the margin the statistic is 0 and p = 0.5.
+    """
+    k_b, n_b = _check_counts(k_b, n_b)
+    k_c, n_c = _check_counts(k_c, n_c)
+    margin = Fraction(k_c, n_c) - Fraction(k_b, n_b) + _exact_fraction(delta)
+    if margin == 0:
+        return 0.5
+    z = abs(float(noninferiority_z(k_b, n_b, k_c, n_c, delta)))
+    return float(stats.norm.sf(z if margin > 0 else -z))
+
+
+@lru_cache(maxsize=4096)
+def _ni_power(p_b: float, n_b: int, p_c: float, n_c: int, delta: float, beta: float) -> float:
+    kb, kc = _support(n_b, p_b), _support(n_c, p_c)
+    crit = float(stats.norm.isf(beta))
+    if kb.size * kc.size <= EXACT_POWER_MAX_CELLS * 4:
+        passed = noninferiority_z(kb[:, None], n_b, kc[None, :], n_c, delta) > crit
+        w = stats.binom.pmf(kb, n_b, p_b)[:, None] * stats.binom.pmf(kc, n_c, p_c)[None, :]
+        return float(min(1.0, np.sum(w * passed)))
+    # Normal approximation: the restricted variance at the truth's nearest boundary point.
+    pb0 = min(1.0, max(delta, (n_b * p_b + n_c * (p_c + delta)) / (n_b + n_c)))
+    se0 = math.sqrt(pb0 * (1 - pb0) / n_b + (pb0 - delta) * (1 - pb0 + delta) / n_c)
+    se1 = math.sqrt(p_b * (1 - p_b) / n_b + p_c * (1 - p_c) / n_c)
+    gap = p_c - p_b + delta
+    if se1 == 0.0:
+        return 1.0 if gap > crit * se0 else 0.0
+    return float(stats.norm.cdf((gap - crit * se0) / se1))
+
+
+def noninferiority_power(
+    p_b: float, n_b: int, p_c: float, n_c: int, delta: float = 0.1, beta: float = 0.1
+) -> float:
+    """P(the non-inferiority test passes) when the true rates are p_b and p_c, exact.
+
+    A sum of P(k_b) P(k_c) over the outcomes the test passes (binomial tails below 1e-10
+    trimmed; normal approximation beyond 4 x :data:`EXACT_POWER_MAX_CELLS` outcome pairs).
+    At p_c = p_b - delta it is the test's exact size (the probability of deploying a
+    regression of exactly delta); at p_c = p_b its power against no change.
+    """
+    _check_level("beta", beta)
+    n_b, n_c = operator.index(n_b), operator.index(n_c)
+    if n_b < 1 or n_c < 1:
+        raise ValueError(f"sample sizes must be >= 1, got n_b={n_b}, n_c={n_c}")
+    if not (0.0 <= p_b <= 1.0 and 0.0 <= p_c <= 1.0 and 0.0 < delta < 1.0):
+        raise ValueError(f"need rates in [0, 1] and 0 < delta < 1, got {p_b!r}, {p_c!r}, {delta!r}")
+    return _ni_power(float(p_b), n_b, float(p_c), n_c, float(delta), float(beta))
+
+
+def _designed(p_b: float, n_b: int, n_c: int, delta: float, alpha: float, beta: float,
+              tests: int, test: str) -> bool:
+    level = alpha / tests
+    p_c = max(0.0, p_b - delta)
+    return (_power(p_b, n_b, p_c, n_c, level, test) >= 1 - beta
+            and _ni_power(p_b, n_b, p_b, n_c, delta, beta) >= 1 - level)
+
+
+def _smallest(ok: Callable[[int], bool], start: int, limit: int) -> int | None:
+    """Smallest n in [start, limit] with ok(n), treating ok as monotone (exact powers
+    saw-tooth by a run or two) by doubling and bisection; None when ok(limit) fails."""
+    if not ok(limit):
+        return None
+    lo, hi = start - 1, start
+    while not ok(hi):
+        lo, hi = hi, min(limit, 2 * hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _check_plan(p_b: float, delta: float, alpha: float, beta: float, tests: int,
+                test: str) -> int:
+    _check_level("alpha", alpha)
+    _check_level("beta", beta)
+    if not 0.0 < delta <= p_b <= 1.0:
+        raise ValueError(f"need 0 < delta <= p_b <= 1, got p_b={p_b!r}, delta={delta!r}")
+    if test not in REGRESSION_TESTS:
+        raise ValueError(f"test must be one of {REGRESSION_TESTS}, got {test!r}")
+    tests = operator.index(tests)
+    if tests < 1:
+        raise ValueError(f"tests must be >= 1, got {tests}")
+    return tests
+
+
 def planned_sample_size(
     p_b: float,
     delta: float,
     alpha: float = 0.05,
     beta: float = 0.1,
     test: RegressionTest = "fisher",
+    tests: int = 1,
 ) -> int:
-    """Smallest equal n per arm whose :func:`planned_power` reaches 1-beta.
+    """Smallest equal n per arm at which the regression verdict keeps its error rates.
 
-    Starts from Eq. 6 and walks; exact power saw-tooths with n, so a slightly larger n can
-    occasionally have slightly less power. p_b=0.9, delta=0.1: Fisher 232, z 213 (Eq. 6 215).
+    ``tests`` is the size of the Holm family the stream's p-value joins (every pass-rate and
+    fingerprint test of the suite). At the returned n: the Fail test at level alpha/tests
+    has exact power >= 1 - beta at p_c = p_b - delta (Holm rejects at least where Bonferroni
+    does), and the non-inferiority test passes an unchanged stream with exact probability
+    >= 1 - alpha/tests. p_b = 0.9, delta = 0.1: 232 per arm alone (Eq. 6: 215), 446 among 20
+    tests, 486 among 40 (20 streams with a fingerprint test each).
     """
-    n = sample_size(p_b, delta, alpha, beta)
-    while n > 1 and planned_power(p_b, n - 1, n - 1, delta, alpha, test) >= 1 - beta:
-        n -= 1
-    while planned_power(p_b, n, n, delta, alpha, test) < 1 - beta:
-        n += 1
+    tests = _check_plan(p_b, delta, alpha, beta, tests, test)
+    p_b = float(p_b)
+    n = _smallest(lambda k: _designed(p_b, k, k, delta, alpha, beta, tests, test),
+                  max(2, sample_size(p_b, delta, alpha, beta) // 2), 10_000_000)
+    assert n is not None  # both powers tend to 1 with n
     return n
+
+
+def planning_rate(k_b: int, n_b: int, delta: float, alpha: float = 0.05) -> float:
+    """The baseline rate a candidate size is planned at: the least favourable value in the
+    two-sided 1 - alpha Wilson interval of k_b / n_b (the one nearest 1/2 + delta/2, where
+    the variance of a drop of delta is largest), so that the plan holds although the
+    baseline's rate is itself an estimate."""
+    lo, hi = wilson_interval(k_b, n_b, alpha)
+    return float(min(max(0.5 + delta / 2, lo), hi))
+
+
+def candidate_sample_size(
+    k_b: int,
+    n_b: int,
+    delta: float,
+    alpha: float = 0.05,
+    beta: float = 0.1,
+    test: RegressionTest = "fisher",
+    tests: int = 1,
+    limit: int = 1_000_000,
+) -> int | None:
+    """Candidate runs needed against a fixed baseline of k_b passes in n_b decided runs.
+
+    The criterion of :func:`planned_sample_size` with n_b fixed, at :func:`planning_rate`
+    (the baseline's own sampling counts twice: in the two-sample variance, and in the rate
+    the plan assumes). None when no candidate size up to ``limit`` is enough: the baseline
+    itself is too small (record more baseline runs).
+    """
+    k_b, n_b = _check_counts(k_b, n_b)
+    p_plan = planning_rate(k_b, n_b, delta, alpha)
+    if p_plan < delta:
+        return None
+    tests = _check_plan(p_plan, delta, alpha, beta, tests, test)
+    return _smallest(lambda k: _designed(p_plan, n_b, k, delta, alpha, beta, tests, test),
+                     1, limit)
 
 
 @dataclass(frozen=True, slots=True)
 class RegressionVerdict:
-    """Outcome of :func:`regression_verdict`; ``power`` is the planned power at delta."""
+    """Outcome of :func:`regression_verdict`.
+
+    ``p_value`` is the Fail test's (Fisher or z), ``ni_p_value`` the non-inferiority test's
+    (H0: p_c <= p_b - delta); ``power`` is the Fail test's planned power at delta at level
+    alpha (informative: the decision does not use it); ``n_required`` the candidate runs
+    :func:`candidate_sample_size` asks for when the verdict is Inconclusive for lack of
+    runs, else 0.
+    """
 
     verdict: Verdict
     p_value: float
@@ -310,15 +515,19 @@ class RegressionVerdict:
     alpha: float
     beta: float
     delta: float
+    ni_p_value: float = 1.0
+    k_b: int = 0
+    k_c: int = 0
 
 
-def decide_regression(
-    p_value: float, drop: float, power: float, alpha: float, beta: float, delta: float
-) -> Verdict:
-    """SPEC 3.4: Fail if p < alpha and drop >= delta; Pass if p >= alpha and power >= 1-beta."""
-    if p_value < alpha and drop >= delta - 1e-12:  # tolerance: k/n arithmetic at the edge
+def decide_regression(p_value: float, ni_p_value: float, alpha: float, beta: float) -> Verdict:
+    """Fail if the drop is significant (p < alpha) and not shown smaller than delta
+    (ni_p >= beta); Pass if non-inferior (ni_p < beta) and not significantly worse; else
+    Inconclusive (too few runs to tell, or a real drop shown smaller than delta)."""
+    worse, within = p_value < alpha, ni_p_value < beta
+    if worse and not within:
         return Verdict.FAIL
-    if p_value >= alpha and power >= 1 - beta:
+    if within and not worse:
         return Verdict.PASS
     return Verdict.INCONCLUSIVE
 
@@ -335,11 +544,11 @@ def regression_verdict(
 ) -> RegressionVerdict:
     """Regression verdict of a candidate (k_c of n_c) against a baseline (k_b of n_b).
 
-    H0: p_c >= p_b, H1: p_c < p_b, one-sided Fisher exact (default) or pooled z-test.
-    Fail if p < alpha and the observed drop >= delta (statistical and practical
-    significance); Pass if p >= alpha and the design had power >= 1-beta to detect a drop
-    of delta at the baseline's observed rate; else Inconclusive. ``n_required`` is Eq. 6
-    at the observed baseline rate (0 when a drop of delta is impossible, p_b < delta).
+    Fail test: H0 p_c >= p_b against p_c < p_b, one-sided Fisher exact (default) or pooled
+    z-test, at alpha. Pass test: H0 p_c <= p_b - delta against p_c > p_b - delta
+    (Farrington-Manning score, non-inferiority) at beta. Fail if only the first rejects,
+    Pass if only the second does, else Inconclusive (module docstring). In a suite the
+    Fail p-values are Holm-adjusted first (:func:`assaywatch.analyzers.suite.suite_verdict`).
     """
     k_b, n_b = _check_counts(k_b, n_b)
     k_c, n_c = _check_counts(k_c, n_c)
@@ -353,12 +562,15 @@ def regression_verdict(
         p_value = float(z_pvalue(k_b, n_b, k_c, n_c))
     else:
         raise ValueError(f"test must be one of {REGRESSION_TESTS}, got {test!r}")
+    ni_p = noninferiority_pvalue(k_b, n_b, k_c, n_c, delta)
     p_b, p_c = k_b / n_b, k_c / n_c
     power = planned_power(p_b, n_b, n_c, delta, alpha, test)
-    n_required = sample_size(p_b, delta, alpha, beta) if p_b >= delta else 0
-    verdict = decide_regression(p_value, p_b - p_c, power, alpha, beta, delta)
+    verdict = decide_regression(p_value, ni_p, alpha, beta)
+    n_required = 0
+    if verdict is Verdict.INCONCLUSIVE and ni_p >= beta:
+        n_required = candidate_sample_size(k_b, n_b, delta, alpha, beta, test) or 0
     effects = effect_sizes(p_b, p_c, n_b, n_c)
     return RegressionVerdict(
         verdict, p_value, p_b, p_c, power, effects, n_required, test,
-        n_b, n_c, alpha, beta, delta,
+        n_b, n_c, alpha, beta, delta, ni_p, k_b, k_c,
     )  # fmt: skip

@@ -3,13 +3,18 @@
 Per stream (agent, scenario; the candidate's version is compared with the baseline's):
 
 ``pass_rate``
-    One-sided regression verdict (Fisher by default) of the candidate's pass rate against
-    the baseline's; Pass needs the design to have had power >= 1 - beta at the planned
-    delta.
+    Regression verdict of the candidate's pass rate against the baseline's
+    (analyzers/verdicts.py): Fail when the one-sided Fisher test (Holm-adjusted) shows a
+    drop and non-inferiority is not shown; Pass when the non-inferiority test shows the
+    candidate no worse than baseline - delta at level beta and no significant drop; else
+    Inconclusive, with the candidate runs the plan asks for (``n_required``, at the level
+    alpha / m of the Holm family of m tests, the smallest level a stream can face).
 ``fingerprint``
     Hotelling T^2 of the candidate's fingerprints against the baseline's mean and
     covariance on the projected (effective) dimensions; reports which features moved and
-    by how many baseline standard deviations.
+    by how many baseline standard deviations. Calibrated by resampling when the samples
+    are unbalanced or small (``calibration="auto"``): a permutation test when the baseline
+    came as span files (its rows are known), else a bootstrap of the candidate.
 ``coverage``
     The candidate's coverage against ``c_min``.
 
@@ -17,6 +22,15 @@ The p-values of every stream's pass-rate and fingerprint tests form one Holm-Bon
 family, so the chance that an unchanged candidate is held back by a false positive is at
 most alpha (when ``fingerprint_alpha`` equals ``alpha``; each test is judged against its own
 level on the adjusted p-value).
+
+What is guaranteed (tests/realworld/test_gate_rates.py measures it): an unchanged
+candidate is blocked, or sent to review by a test that rejected, with probability at most
+alpha (one Holm family over every stream's two tests); a candidate with one stream
+regressed by delta or more deploys with probability at most beta, at any number of runs
+(every stream must pass its non-inferiority test at level beta). At the planned number of
+runs (``planned_sample_size`` with ``tests`` = the family size) an unchanged suite also
+deploys with probability about 1 - alpha; with fewer runs the price is Inconclusive
+("record more runs"), never a false deploy.
 
 Decision (SPEC 6.2 with our default policy): a significant pass-rate regression blocks; a
 significant behaviour shift without a pass-rate regression asks for manual review
@@ -27,10 +41,14 @@ short coverage asks for manual review; otherwise deploy.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.coverage import coverage
@@ -38,7 +56,12 @@ from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.hotelling import hotelling_two_sample
 from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.suite import holm
-from assaywatch.analyzers.verdicts import regression_verdict, wilson_interval
+from assaywatch.analyzers.verdicts import (
+    candidate_sample_size,
+    planned_power,
+    regression_verdict,
+    wilson_interval,
+)
 from assaywatch.monitor.offline.report import GateReport, StreamResult, TestResult
 
 DEPLOY, BLOCK, MANUAL = "deploy", "block", "manual"
@@ -130,12 +153,16 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
            policy: GatePolicy, inputs: dict[str, Any] | None = None,
            baseline_runs: Sequence[Run] | None = None) -> GateReport:
     """The gate decision; ``baseline_runs`` (when the baseline came as span files) lets the
-    trace-first checks compare violation rates with the baseline's own."""
+    trace-first checks compare violation rates with the baseline's own, and the fingerprint
+    test calibrate by permutation."""
     by_key = {b.key: b for b in baselines}
     groups: dict[StreamKey, list[Run]] = defaultdict(list)
     candidate_runs = list(candidate_runs)
     for run in candidate_runs:
         groups[run.key].append(run)
+    base_groups: dict[StreamKey, list[Run]] = defaultdict(list)
+    for run in baseline_runs or ():
+        base_groups[run.key].append(run)
     streams: list[StreamResult] = []
     pr_raw: list[tuple[int, Any]] = []
     fp_raw: list[tuple[int, Any]] = []
@@ -153,30 +180,16 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
         matched.add(base.key)
         k_c = sum(r.outcome is Outcome.PASS for r in runs)
         n_c = sum(r.outcome is not Outcome.UNKNOWN for r in runs)
-        n_b = base.passes + base.fails
-        sr.pass_rates = {"baseline": _rate(base.passes, n_b), "candidate": _rate(k_c, n_c)}
-        if n_b and n_c:
-            res = regression_verdict(base.passes, n_b, k_c, n_c, alpha=policy.alpha,
-                                     beta=policy.beta, delta=policy.delta, test=policy.test)
+        rows = base_groups.get(base.key, [])
+        X_b = fingerprint_matrix(rows, base.tools) if len(rows) == base.n_runs >= 2 else None
+        res, h = stream_statistics(sr, base, k_c, n_c, fingerprint_matrix(runs, base.tools),
+                                   policy, X_b)
+        if res is not None:
             pr_raw.append((len(streams) - 1, res))
-        else:
-            sr.tests.append(TestResult("pass_rate", Verdict.INCONCLUSIVE.value,
-                                       {"n_baseline": n_b, "n_candidate": n_c},
-                                       "no decided outcomes to compare"))
-        X = fingerprint_matrix(runs, base.tools)
-        if len(runs) >= 2 and base.n_runs >= 2:
-            h = hotelling_two_sample(base.mean, base.cov, base.n_runs, X,
-                                     alpha=policy.fingerprint_alpha,
-                                     feature_names=base.feature_names)
+        if h is not None:
             fp_raw.append((len(streams) - 1, h))
-            sr.feature_shifts = [(n, float(v)) for n, v in h.feature_shifts]
         add_coverage_test(sr, runs, base.tools, policy.c_min)
-    # One Holm-Bonferroni family over every test that can stop a deploy (the pass-rate and
-    # the fingerprint test of every stream), so an unchanged suite is held back by a false
-    # positive with probability at most alpha, however many streams and tests it has.
-    adjusted = holm([r.p_value for _, r in pr_raw] + [float(h.p_value) for _, h in fp_raw])
-    _pass_rate_tests(streams, pr_raw, adjusted[:len(pr_raw)], policy)
-    _fingerprint_tests(streams, fp_raw, adjusted[len(pr_raw):], policy)
+    judge(streams, pr_raw, fp_raw, policy)
     _trace_first(streams, baseline_runs, candidate_runs, policy)
     for b in baselines:
         if b.key not in matched and not any(
@@ -189,6 +202,45 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
     verdict, reason = decision(streams, policy)
     return GateReport(decision=verdict, exit_code=EXIT_CODES[verdict], reason=reason,
                       config=policy.to_dict(), streams=streams, inputs=inputs or {})
+
+
+def stream_statistics(sr: StreamResult, base: Baseline, k_c: int, n_c: int,
+                      X: NDArray[np.float64], policy: GatePolicy,
+                      X_b: NDArray[np.float64] | None = None) -> tuple[Any, Any]:
+    """The raw pass-rate verdict and Hotelling result of one stream (None when a test has
+    nothing to compare), from counts and fingerprint matrices; records the pass rates and
+    feature shifts on ``sr``. :func:`judge` then decides them as one Holm family."""
+    n_b = base.passes + base.fails
+    sr.pass_rates = {"baseline": _rate(base.passes, n_b), "candidate": _rate(k_c, n_c)}
+    res = h = None
+    if n_b and n_c:
+        res = regression_verdict(base.passes, n_b, k_c, n_c, alpha=policy.alpha,
+                                 beta=policy.beta, delta=policy.delta, test=policy.test)
+    else:
+        sr.tests.append(TestResult("pass_rate", Verdict.INCONCLUSIVE.value,
+                                   {"n_baseline": n_b, "n_candidate": n_c},
+                                   "no decided outcomes to compare"))
+    if X.shape[0] >= 2 and base.n_runs >= 2:
+        # Seeded by the stream, so the same inputs give the same report.
+        h = hotelling_two_sample(base.mean, base.cov, base.n_runs, X,
+                                 alpha=policy.fingerprint_alpha,
+                                 feature_names=base.feature_names, X_b=X_b,
+                                 calibration="auto", seed=zlib.crc32(str(base.key).encode()))
+        sr.feature_shifts = [(n, float(v)) for n, v in h.feature_shifts]
+    return res, h
+
+
+def judge(streams: list[StreamResult], pr_raw: list[tuple[int, Any]],
+          fp_raw: list[tuple[int, Any]], policy: GatePolicy) -> None:
+    """Decide every stream's pass-rate and fingerprint tests as one Holm-Bonferroni family
+    (indices into ``streams``), adding their TestResults."""
+    # One family over every test that can stop a deploy (the pass-rate and the fingerprint
+    # test of every stream), so an unchanged suite is held back by a false positive with
+    # probability at most alpha, however many streams and tests it has.
+    adjusted = holm([r.p_value for _, r in pr_raw] + [float(h.p_value) for _, h in fp_raw])
+    family = len(adjusted)
+    _pass_rate_tests(streams, pr_raw, adjusted[:len(pr_raw)], policy, family)
+    _fingerprint_tests(streams, fp_raw, adjusted[len(pr_raw):], policy)
 
 
 def add_coverage_test(sr: StreamResult, runs: Sequence[Run], tools: Sequence[str],
@@ -204,27 +256,42 @@ def add_coverage_test(sr: StreamResult, runs: Sequence[Run], tools: Sequence[str
 
 
 def _pass_rate_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
-                     adjusted: list[float], policy: GatePolicy) -> None:
+                     adjusted: list[float], policy: GatePolicy, family: int) -> None:
+    level = policy.alpha / max(1, family)
     for (i, r), p_adj in zip(raw, adjusted, strict=True):
-        diff = r.p_b - r.p_c
-        if p_adj < policy.alpha and diff >= policy.delta:
-            verdict, msg = Verdict.FAIL, (f"pass rate fell from {r.p_b:.3f} to {r.p_c:.3f} "
-                                          f"(Holm-adjusted p = {p_adj:.2g} < {policy.alpha})")
-        elif p_adj >= policy.alpha and r.power >= 1 - policy.beta:
-            verdict, msg = Verdict.PASS, (f"no regression: p = {p_adj:.2g}, power "
-                                          f"{r.power:.2f} to see a drop of {policy.delta}")
-        elif p_adj < policy.alpha:
+        worse, within = p_adj < policy.alpha, r.ni_p_value < policy.beta
+        power = planned_power(r.p_b, r.n_b, r.n_c, policy.delta, level, r.test)
+        n_required = 0
+        if worse and not within:
+            verdict, msg = Verdict.FAIL, (
+                f"pass rate fell from {r.p_b:.3f} to {r.p_c:.3f} (Holm-adjusted p = "
+                f"{p_adj:.2g} < {policy.alpha}); a drop of {policy.delta} is not ruled out "
+                f"(non-inferiority p = {r.ni_p_value:.2g})")
+        elif within and not worse:
+            verdict, msg = Verdict.PASS, (
+                f"no regression: no worse than baseline - {policy.delta} (non-inferiority "
+                f"p = {r.ni_p_value:.2g} < {policy.beta}), no significant drop (Holm p = "
+                f"{p_adj:.2g})")
+        elif worse:
             verdict, msg = Verdict.INCONCLUSIVE, (
-                f"significant drop {diff:.3f} smaller than delta {policy.delta}")
+                f"a real drop from {r.p_b:.3f} to {r.p_c:.3f} (Holm p = {p_adj:.2g}), shown "
+                f"smaller than delta {policy.delta} (non-inferiority p = {r.ni_p_value:.2g})")
         else:
+            n_required = candidate_sample_size(r.k_b, r.n_b, policy.delta, policy.alpha,
+                                               policy.beta, r.test, max(1, family)) or 0
+            need = (f"about {n_required} candidate runs are needed" if n_required else
+                    f"the baseline's {r.n_b} decided runs are too few at any candidate size: "
+                    "record more baseline runs")
             verdict, msg = Verdict.INCONCLUSIVE, (
-                f"not enough runs: power {r.power:.2f} < {1 - policy.beta:.2f} to see a drop of "
-                f"{policy.delta}; about {r.n_required} candidate runs are needed")
+                f"not enough runs: no significant drop (Holm p = {p_adj:.2g}) but a drop of "
+                f"{policy.delta} not ruled out (non-inferiority p = {r.ni_p_value:.2g} >= "
+                f"{policy.beta}; power {power:.2f} at alpha/{family}); {need}")
         e = r.effects
-        stats = {"p_value": r.p_value, "p_value_holm": p_adj, "power": r.power,
+        stats = {"p_value": r.p_value, "p_value_holm": p_adj, "p_value_noninferiority":
+                 r.ni_p_value, "power": power, "family_size": family,
                  "p_baseline": r.p_b, "p_candidate": r.p_c, "difference": e.difference,
                  "cohens_h": e.cohens_h, "odds_ratio": e.odds_ratio, "effect": e.label,
-                 "n_required": r.n_required, "test": r.test}
+                 "n_required": n_required, "test": r.test}
         streams[i].tests.insert(0, TestResult("pass_rate", verdict.value, stats, msg))
 
 
@@ -239,7 +306,8 @@ def _fingerprint_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
             verdict, msg = Verdict.PASS, f"no behaviour shift detected (p = {p_adj:.2g})"
         stats = {"t2": float(h.t2), "f": float(h.f), "df1": int(h.df1), "df2": float(h.df2),
                  "p_value": float(h.p_value), "p_value_holm": p_adj, "d_eff": int(h.d_eff),
-                 "mahalanobis": float(h.mahalanobis)}
+                 "mahalanobis": float(h.mahalanobis), "calibration": h.calibration,
+                 "p_value_f": float(h.p_value_f)}
         for rank, (name, v) in enumerate(list(h.feature_shifts)[:5], 1):
             stats[f"moved_{rank}"] = f"{name} {float(v):+.3f}"
         pos = 1 if streams[i].tests and streams[i].tests[0].name == "pass_rate" else 0

@@ -14,7 +14,12 @@ from assaywatch.analyzers.suite import (
     holm,
     suite_verdict,
 )
-from assaywatch.analyzers.verdicts import RegressionVerdict, regression_verdict
+from assaywatch.analyzers.verdicts import (
+    RegressionVerdict,
+    candidate_sample_size,
+    planned_power,
+    regression_verdict,
+)
 
 
 def holm_reference(p: list[float]) -> list[float]:
@@ -91,13 +96,25 @@ def test_holm_is_applied_before_deciding_fail() -> None:
     assert suite_verdict([marginal, *unchanged], correction="none").verdict is Verdict.FAIL
 
 
-def test_pass_needs_power_at_the_family_level() -> None:
-    # 300 runs per arm have power >= 0.9 at alpha = 0.05, but not at alpha/20 = 0.0025.
+def test_pass_is_non_inferiority_and_power_is_reported_at_the_family_level() -> None:
+    # The old rule let a stream Pass only if its Fail test had power 1 - beta at the
+    # *unadjusted* alpha, and this test checked the Bonferroni-level recomputation. Pass is
+    # now the non-inferiority test at beta (an intersection-union test: no correction), so
+    # 300 runs per arm showing 271 vs 270 pass alone and in a suite of 20; what changes with
+    # the family is the reported power (at alpha/20) and the plan.
     ok = regression_verdict(270, 300, 271, 300)
     assert ok.verdict is Verdict.PASS
     suite = suite_verdict([ok] * 20)
-    assert all(pw < 0.9 for pw in suite.powers) and suite.verdict is Verdict.INCONCLUSIVE
-    assert suite_verdict([ok] * 20, correction="none").verdict is Verdict.PASS
+    assert suite.verdict is Verdict.PASS and all(pw < 0.9 for pw in suite.powers)
+    assert suite.powers[0] == pytest.approx(planned_power(0.9, 300, 300, 0.1, 0.05 / 20))
+    # 271 vs 270 is not shown within delta with 60 runs: Inconclusive, and the runs asked
+    # for grow with the family.
+    weak = regression_verdict(180, 200, 50, 60)
+    alone, many = suite_verdict([weak]), suite_verdict([weak] * 20)
+    assert alone.verdict is many.verdict is Verdict.INCONCLUSIVE
+    assert alone.n_required[0] == weak.n_required
+    assert many.n_required[0] == candidate_sample_size(180, 200, 0.1, tests=20)
+    assert (many.n_required[0] or 10**9) > (alone.n_required[0] or 0)
 
 
 def _unchanged_suites(reps: int, m: int, n: int, seed: int) -> list[list[RegressionVerdict]]:

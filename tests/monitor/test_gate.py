@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from assaywatch.analyzers.model import Outcome, Verdict
+from assaywatch.analyzers.verdicts import planned_sample_size
 from assaywatch.monitor.commands._common import build_baselines
 from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.offline.gate import GatePolicy, decide
@@ -158,7 +159,13 @@ def test_twenty_unchanged_scenarios_deploy_at_least_90_percent() -> None:
     rng = np.random.default_rng(2026)
     pool = simulate_runs(4000, rng, tool_weights=TOOLS)
     policy = GatePolicy()
-    reps, deploys, n = 30, 0, 320  # 320 runs per arm: planned power >= 0.9 at p_b ~ 0.85
+    # The planned n for a Holm family of 40 tests (20 pass-rate + 20 fingerprint) at the
+    # agent's pass rate 0.9: 481 per arm. (This test used 320, chosen by the old Pass rule's
+    # power at the *unadjusted* alpha; at 320 an unchanged stream is shown non-inferior
+    # with probability ~0.98, so one of 20 is Inconclusive about a third of the time: the
+    # design was short, not the gate wrong. See issue 12 and analyzers/verdicts.py.)
+    reps, deploys = 30, 0
+    n = planned_sample_size(0.9, policy.delta, policy.alpha, policy.beta, tests=40)
     keys = [StreamKey("agent", "1", f"s{i}") for i in range(20)]
 
     def draw(key: StreamKey) -> list:
@@ -172,8 +179,8 @@ def test_twenty_unchanged_scenarios_deploy_at_least_90_percent() -> None:
         report = decide(build_baselines(base_runs), cand_runs, policy)
         deploys += report.decision == "deploy"
     # Holm over the 40 tests bounds the false hold-back rate by alpha = 0.05, so the
-    # deploy rate should be >= 0.95 (minus the rare underpowered Inconclusive): require the
-    # issue's 90% of the seeded repetitions.
+    # deploy rate should be >= 0.95 (minus the rare outcome between the Fail and Pass
+    # regions at the planned n): require the issue's 90% of the seeded repetitions.
     assert deploys >= 0.9 * reps, deploys
 
 
