@@ -8,6 +8,7 @@ passes the cap: memory never holds more than ``max_decompressed_bytes`` plus one
 from __future__ import annotations
 
 import json
+import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -64,8 +65,74 @@ class BodyError(Exception):
         self.close = close
 
 
-def _read_exact(stream: ByteStream, n: int) -> bytes:
-    data = stream.read(n)
+class ByteBudget:
+    """Bytes of request bodies a receiver holds at once, taken as they arrive.
+
+    A body is read in pieces of at most :data:`_PIECE` bytes and each piece is taken from
+    the budget before it is read, so a client that drips its body slowly holds only what
+    it sent, and many fast large uploads at once are refused (503) instead of buffered.
+    """
+
+    def __init__(self, total: int) -> None:
+        if total <= 0:
+            raise ValueError(f"ByteBudget total must be > 0, got {total}")
+        self.total = total
+        self.free = total
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self.free:
+                return False
+            self.free -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.free = min(self.total, self.free + n)
+
+
+#: Largest piece of a body read (and taken from the budget) at once.
+_PIECE = 1024 * 1024
+
+
+class Reservation:
+    """What one request took from a :class:`ByteBudget` (given back by ``release``); a
+    reservation of no budget takes nothing."""
+
+    def __init__(self, budget: ByteBudget | None) -> None:
+        self.budget = budget
+        self.n = 0
+
+    def take(self, n: int) -> None:
+        if self.budget is None:
+            return
+        if not self.budget.take(n):
+            raise BodyError(503, "receiver_busy", "assaywatch is receiving too many request "
+                            "bodies at once; retry later", close=True)
+        self.n += n
+
+    def release(self) -> None:
+        if self.budget is not None and self.n:
+            self.budget.give(self.n)
+            self.n = 0
+
+
+def _read_exact(stream: ByteStream, n: int, taken: Reservation | None = None) -> bytes:
+    if taken is None or n <= _PIECE:
+        if taken is not None:
+            taken.take(n)
+        data = stream.read(n)
+    else:
+        parts = bytearray()
+        while len(parts) < n:
+            piece = min(_PIECE, n - len(parts))
+            taken.take(piece)
+            got = stream.read(piece)
+            parts += got
+            if len(got) != piece:
+                break
+        data = bytes(parts)
     if len(data) != n:
         raise BodyError(
             400, "truncated_body", f"body ended after {len(data)} of {n} bytes", close=True
@@ -73,7 +140,7 @@ def _read_exact(stream: ByteStream, n: int) -> bytes:
     return data
 
 
-def _read_chunked(stream: ByteStream, cap: int) -> bytes:
+def _read_chunked(stream: ByteStream, cap: int, taken: Reservation | None = None) -> bytes:
     out = bytearray()
     while True:
         line = stream.readline(1026)
@@ -87,7 +154,7 @@ def _read_chunked(stream: ByteStream, cap: int) -> bytes:
             return bytes(out)
         if len(out) + size > cap:
             raise BodyError(413, "body_too_large", f"chunked body exceeds {cap} bytes", True)
-        out += _read_exact(stream, size)
+        out += _read_exact(stream, size, taken)
         _read_exact(stream, 2)  # CRLF after the chunk
 
 
@@ -142,8 +209,28 @@ def read_body(
     headers: Mapping[str, str],
     max_body_bytes: int,
     max_decompressed_bytes: int,
+    budget: ByteBudget | None = None,
 ) -> bytes | bytearray:
-    """Read (Content-Length or chunked) and inflate a request body within the caps."""
+    """Read (Content-Length or chunked) and inflate a request body within the caps
+    (the wire bytes held meanwhile taken from ``budget``: 503 when it is spent)."""
+    taken = Reservation(budget)
+    try:
+        raw = read_raw_body(stream, headers, max_body_bytes, taken)
+        return inflate(raw, headers.get("content-encoding", "").strip().lower(),
+                       max_decompressed_bytes)
+    finally:
+        taken.release()
+
+
+def read_raw_body(
+    stream: ByteStream,
+    headers: Mapping[str, str],
+    max_body_bytes: int,
+    taken: Reservation | None = None,
+) -> bytes:
+    """Read the body as sent (not inflated), each piece taken from ``taken``'s budget
+    before it is read; the caller gives the bytes back (``taken.release()``) once it has
+    done with the body."""
     encoding = headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
         raise BodyError(
@@ -153,19 +240,19 @@ def read_body(
             close=True,
         )
     try:
-        raw = _read_raw(stream, headers, max_body_bytes)
+        return _read_raw(stream, headers, max_body_bytes, taken or Reservation(None))
     except TimeoutError:  # the socket's idle timeout or the request deadline
         raise BodyError(408, "body_timeout", "the request body did not arrive in time",
                         close=True) from None
     except OSError as exc:
         raise BodyError(400, "truncated_body", f"reading the body failed: {exc}",
                         close=True) from None
-    return inflate(raw, encoding, max_decompressed_bytes)
 
 
-def _read_raw(stream: ByteStream, headers: Mapping[str, str], max_body_bytes: int) -> bytes:
+def _read_raw(stream: ByteStream, headers: Mapping[str, str], max_body_bytes: int,
+              taken: Reservation) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return _read_chunked(stream, max_body_bytes)
+        return _read_chunked(stream, max_body_bytes, taken)
     else:
         length_text = headers.get("content-length", "0").strip() or "0"
         try:
@@ -186,7 +273,7 @@ def _read_raw(stream: ByteStream, headers: Mapping[str, str], max_body_bytes: in
                 "send smaller batches (BatchSpanProcessor max_export_batch_size)",
                 close=True,
             )
-        return _read_exact(stream, length)
+        return _read_exact(stream, length, taken)
 
 
 def status_body(

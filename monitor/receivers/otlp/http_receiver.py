@@ -28,6 +28,9 @@ body not arrived within the deadline   408 (connection closed)
 other content type or encoding         415
 other path / method                    404 / 405
 ``max_concurrent_decodes`` busy        503 + ``Retry-After`` (retried by exporters)
+bodies being received > the budget     503 + ``Retry-After``, connection closed (4 x
+                                       ``max_body_bytes``, at least 32 MiB of wire bytes
+                                       across requests, taken as they arrive)
 pipeline full (``offer`` False)        503 + ``Retry-After`` (retried by exporters)
 =====================================  ===============================================
 
@@ -52,9 +55,12 @@ from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
 from assaywatch.monitor.receivers.otlp.http_body import (
     PROTOBUF,
     BodyError,
+    ByteBudget,
     ByteStream,
     HttpAnswer,
-    read_body,
+    Reservation,
+    inflate,
+    read_raw_body,
     response_body,
     status_body,
 )
@@ -144,6 +150,8 @@ class TracesEndpoint:
         self.max_request_elements = max_request_elements
         self.max_concurrent_decodes = max_concurrent_decodes
         self._decodes = threading.BoundedSemaphore(max_concurrent_decodes)
+        #: Wire bytes of bodies being read or waiting to be decoded, at most.
+        self._budget = ByteBudget(max(4 * max_body_bytes, 32 * 1024 * 1024))
         self.sink = sink
         self.counters = counters
         self.max_body_bytes = max_body_bytes
@@ -198,41 +206,53 @@ class TracesEndpoint:
                 "send application/x-protobuf or application/json",
                 close=True,
             )
-        if not self._decodes.acquire(timeout=_DECODE_WAIT_S):
-            # Body unread: answer at once and close (the close lingers for the client).
-            answer = self._busy(ctype, "decoder_busy",
-                                f"assaywatch is decoding {self.max_concurrent_decodes} "
-                                f"requests already; retry after {self.retry_after_s}s")
-            answer.close = True
-            return answer
+        # The wire body is read first, outside the decode slots, so a client dripping it
+        # slowly holds no slot; its bytes come from the receiver's budget until decoded.
+        taken = Reservation(self._budget)
         try:
             try:
-                data = read_body(
-                    body,
-                    headers,
-                    max_body_bytes=self.max_body_bytes,
-                    max_decompressed_bytes=self.max_decompressed_bytes,
-                )
+                raw = read_raw_body(body, headers, self.max_body_bytes, taken)
             except BodyError as err:
-                answer = self._reject(err.reason, err.status, ctype, err.message)
+                if err.status == 503:
+                    answer = self._busy(ctype, err.reason, err.message)
+                else:
+                    answer = self._reject(err.reason, err.status, ctype, err.message)
                 answer.close = err.close
                 return answer
-            max_spans = self.max_spans_per_request
-            capacity = sink_capacity(self.sink)
-            if capacity is not None and capacity < max_spans:
-                max_spans = capacity
+            if not self._decodes.acquire(timeout=_DECODE_WAIT_S):
+                return self._busy(ctype, "decoder_busy",
+                                  f"assaywatch is decoding {self.max_concurrent_decodes} "
+                                  f"requests already; retry after {self.retry_after_s}s")
             try:
-                if ctype == PROTOBUF:
-                    result = decode_proto_request(data, self.limits, max_spans=max_spans,
-                                                  max_elements=self.max_request_elements)
-                else:
-                    result = decode_json_request(data, self.limits, max_spans=max_spans,
-                                                 max_values=self.max_request_elements)
-            except DecodeError as err:
-                return self._reject(err.reason, err.status, ctype, err.message)
-            del data
+                return self._decode(raw, headers, ctype)
+            finally:
+                self._decodes.release()
         finally:
-            self._decodes.release()
+            taken.release()
+
+    def _decode(self, raw: bytes, headers: Mapping[str, str], ctype: str) -> HttpAnswer:
+        try:
+            data = inflate(raw, headers.get("content-encoding", "").strip().lower(),
+                           self.max_decompressed_bytes)
+        except BodyError as err:
+            answer = self._reject(err.reason, err.status, ctype, err.message)
+            answer.close = err.close
+            return answer
+        del raw
+        max_spans = self.max_spans_per_request
+        capacity = sink_capacity(self.sink)
+        if capacity is not None and capacity < max_spans:
+            max_spans = capacity
+        try:
+            if ctype == PROTOBUF:
+                result = decode_proto_request(data, self.limits, max_spans=max_spans,
+                                              max_elements=self.max_request_elements)
+            else:
+                result = decode_json_request(data, self.limits, max_spans=max_spans,
+                                             max_values=self.max_request_elements)
+        except DecodeError as err:
+            return self._reject(err.reason, err.status, ctype, err.message)
+        del data
         return self._deliver(result, ctype)
 
     def _busy(self, ctype: str, reason: str, message: str, n: int = 1) -> HttpAnswer:
