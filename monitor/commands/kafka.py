@@ -199,8 +199,12 @@ def _start(args: argparse.Namespace, worker: Any, what: str, stage: str) -> int:
 
 
 def _logging(args: argparse.Namespace) -> None:
+    import faulthandler
+
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _kafka_or_exit() -> None:

@@ -126,8 +126,16 @@ class Worker:
         return int(self.proc.returncode)
 
     def scrape(self) -> dict[tuple[str, tuple], float]:
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
-            text = r.read().decode()
+        try:
+            with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except TimeoutError:
+            if self.alive():
+                assert self.proc is not None
+                os.kill(self.proc.pid, signal.SIGUSR1)  # its threads' stacks, to its log
+                time.sleep(0.5)
+            raise AssertionError(f"{self.instance}: /metrics timed out\n"
+                                 f"{self.log()[-6000:]}") from None
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 

@@ -55,14 +55,21 @@ class Cluster:
     config: Path
     assemblers: list[h.Worker] = field(default_factory=list)
     detectors: list[h.Worker] = field(default_factory=list)
+    agents: Any = None
+    log: list[str] = field(default_factory=list)
 
-    def start(self, n_assemblers: int, n_detectors: int, *extra: str) -> None:
+    def note(self, what: str) -> None:
+        self.log.append(f"{time.strftime('%H:%M:%S')} {what}")
+        print(self.log[-1], flush=True)
+
+    def start(self, n_assemblers: int, n_detectors: int, assembler_args: tuple[str, ...] = (),
+              detector_args: tuple[str, ...] = ()) -> None:
         for i in range(n_assemblers):
             self.assemblers.append(h.Worker("assemble", self.bootstrap, self.names,
-                                            f"asm-{i}", self.config))
+                                            f"asm-{i}", self.config, *assembler_args))
         for i in range(n_detectors):
             self.detectors.append(h.Worker("detect", self.bootstrap, self.names,
-                                           f"det-{i}", self.config, *extra))
+                                           f"det-{i}", self.config, *detector_args))
         for w in self.assemblers + self.detectors:
             w.proc = None
         import concurrent.futures as cf
@@ -96,10 +103,12 @@ class Cluster:
 
 
 def run_scenario(broker: Any, tmp: Path, prefix: str, n_assemblers: int, n_detectors: int,
-                 events: dict[int, Callable[[Cluster], None]] | None = None,
+                 before: dict[int, Callable[[Cluster], None]] | None = None,
+                 after: dict[int, Callable[[Cluster], None]] | None = None,
+                 assembler_args: tuple[str, ...] = (), detector_args: tuple[str, ...] = (),
                  ) -> dict[str, Any]:
-    """Run the whole chain; ``events[i]`` is called with the cluster before round ``i``.
-    Returns what the comparison needs."""
+    """Run the whole chain; ``before[i]`` / ``after[i]`` are called with the cluster before
+    and right after round ``i`` is emitted. Returns what the comparison needs."""
     from tests.infra.otelcol import otel_collector
 
     t0 = time.monotonic()
@@ -112,7 +121,7 @@ def run_scenario(broker: Any, tmp: Path, prefix: str, n_assemblers: int, n_detec
     try:
         with otel_collector(h.collector_config(tmp, names["spans"]),
                             env={"ASSAYWATCH_KAFKA_BOOTSTRAP": broker.bootstrap}) as col:
-            cluster.start(n_assemblers, n_detectors)
+            cluster.start(n_assemblers, n_detectors, assembler_args, detector_args)
             cluster.wait_stable()
             timings["started"] = time.monotonic() - t0
             agents = h.Agents(col.grpc_endpoint)
@@ -123,11 +132,14 @@ def run_scenario(broker: Any, tmp: Path, prefix: str, n_assemblers: int, n_detec
             h.wait_for(lambda: cluster.runs_seen() >= 8, 60, "the warm-up runs")
             timings["warm"] = time.monotonic() - t0
             plan = streams()
+            cluster.agents = agents
             for i in range(ROUNDS):
-                if events and i in events:
-                    events[i](cluster)
+                if before and i in before:
+                    before[i](cluster)
                 t_round = time.monotonic()
                 agents.round(plan, i)
+                if after and i in after:
+                    after[i](cluster)
                 time.sleep(max(0.0, SPACING - (time.monotonic() - t_round)))
             agents.close(spans_file)
             timings["emitted"] = time.monotonic() - t0
