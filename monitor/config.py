@@ -143,6 +143,11 @@ class MonitorConfig:
     baselines: list[str] = _opt([], "Baseline JSON files (from `assaywatch baseline build`) "
                                 "loaded at start.")
     checkpoint_seconds: float = _opt(10.0, "Seconds between two state checkpoints.")
+    wal_fsync_seconds: float = _opt(1.0, "Seconds between two fsyncs of the write-ahead log "
+                                    "of acknowledged spans (power-loss window); 0 fsyncs "
+                                    "before every acknowledgement, negative never.")
+    wal_segment_bytes: int = _opt(64 * 1024 * 1024, "Size at which a write-ahead log "
+                                  "segment is closed and a new one started.")
     evaluation_threshold: float = _opt(0.5, "An evaluation score at or above this is a pass.")
     contracts: dict[str, Any] = _opt({}, "Contract rules deciding a run's outcome when no "
                                      "evaluation is recorded (see Outcome).")

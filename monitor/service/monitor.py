@@ -42,10 +42,6 @@ from assaywatch.monitor.service.wal import Position, WalError, WriteAheadLog
 
 logger = logging.getLogger(__name__)
 
-#: Defaults of the write-ahead log settings, read from the config when it has them.
-WAL_FSYNC_SECONDS = 1.0
-WAL_SEGMENT_BYTES = 64 << 20
-
 
 class _ServiceEventLog(EventLog):
     """The event log, asking for a checkpoint right after a state change (a re-baseline
@@ -77,8 +73,8 @@ class Monitor:
             if self.events is not None else None
         self.wal = WriteAheadLog(
             state_dir,
-            segment_bytes=int(getattr(config, "wal_segment_bytes", WAL_SEGMENT_BYTES)),
-            fsync_seconds=float(getattr(config, "wal_fsync_seconds", WAL_FSYNC_SECONDS)),
+            segment_bytes=config.wal_segment_bytes,
+            fsync_seconds=config.wal_fsync_seconds,
         ) if state_dir else None
         self.engine = Engine(config.detectors, baselines or [], on_alarm=self._on_alarm,
                              max_streams=config.limits.max_streams)
