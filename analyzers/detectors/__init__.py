@@ -6,6 +6,10 @@ Every detector implements :class:`~assaywatch.analyzers.detectors.base.Detector`
 
 * :class:`BernoulliCUSUM` -- pass/fail stream, exact Markov-chain threshold, finite-baseline
   aware (``calibration.bernoulli_cusum_threshold``).
+* :class:`MultichartCUSUM` -- two-sided CUSUM per whitened shift direction of the
+  fingerprint (each feature given the others, tool swaps); the monitor's fingerprint chart.
+* :func:`calibrate` -- thresholds of a stream's alarming detectors from its baseline (one
+  ARL0 budget; bootstrap with guaranteed conditional performance).
 * :class:`FingerprintCUSUM` -- two-sided CUSUM per standardised fingerprint feature.
 * :class:`MEWMA` -- multivariate EWMA on the whitened fingerprint (default multivariate chart).
 * :class:`RiverDetector` -- river's ADWIN / KSWIN / Page-Hinkley behind the same interface.
@@ -18,6 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from assaywatch.analyzers.detectors.base import Detector, split_arl0
 from assaywatch.analyzers.detectors.bernoulli_cusum import BernoulliCUSUM
+from assaywatch.analyzers.detectors.bootstrap import (
+    BaselineData,
+    CalibrationSettings,
+    Thresholds,
+    calibrate,
+)
 from assaywatch.analyzers.detectors.calibration import (
     bernoulli_cusum_arl,
     bernoulli_cusum_threshold,
@@ -27,22 +37,28 @@ from assaywatch.analyzers.detectors.calibration import (
 )
 from assaywatch.analyzers.detectors.fingerprint_cusum import FingerprintCUSUM
 from assaywatch.analyzers.detectors.mewma import MEWMA, mewma_arl, mewma_threshold
+from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
 from assaywatch.analyzers.detectors.simulation import alarm_rate_arl, first_alarm_times
 
 if TYPE_CHECKING:
     from assaywatch.analyzers.detectors.river_adapters import RIVER_KINDS, RiverDetector
 
 __all__ = [
+    "BaselineData",
     "BernoulliCUSUM",
+    "CalibrationSettings",
     "Detector",
     "FingerprintCUSUM",
     "MEWMA",
+    "MultichartCUSUM",
     "RIVER_KINDS",
     "RiverDetector",
+    "Thresholds",
     "alarm_rate_arl",
     "bernoulli_cusum_arl",
     "bernoulli_cusum_threshold",
     "bernoulli_lattice",
+    "calibrate",
     "first_alarm_times",
     "gaussian_cusum_arl",
     "gaussian_cusum_threshold",

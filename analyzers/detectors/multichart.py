@@ -108,7 +108,9 @@ def _pinv(cov: F64, sd: F64, eig_tol: float) -> F64:
     lam, vec = np.linalg.eigh((corr + corr.T) / 2.0)
     keep = lam > eig_tol * max(float(lam.max()), 1e-12)
     v = vec[:, keep] / sd[:, None]
-    out: F64 = (v / lam[keep]) @ v.T
+    # einsum, not BLAS, for these small products: a threaded BLAS on a busy machine spends
+    # more time waking its threads than computing (the bootstrap calls this 40 times)
+    out: F64 = np.einsum("ik,k,jk->ij", v, 1.0 / lam[keep], v)
     return out
 
 
@@ -140,7 +142,7 @@ def projection(cov: F64, directions: F64, min_sd: float = 0.05,
     """Rows a_j = P e_j / sqrt(e_j' P e_j) (so y = a_j'(x - mu) has unit variance) and the
     mask of directions that carry variance (the others get a zero row)."""
     sd = np.maximum(np.sqrt(np.clip(np.diag(cov), 0.0, None)), min_sd)
-    pe = directions @ _pinv(cov, sd, eig_tol)
+    pe = np.einsum("md,de->me", directions, _pinv(cov, sd, eig_tol))
     norm2 = np.einsum("ij,ij->i", pe, directions)
     ok = norm2 > 1e-9 * np.einsum("ij,ij->i", directions / sd, directions / sd)
     rows: F64 = np.where(ok[:, None], pe / np.sqrt(np.where(ok, norm2, 1.0))[:, None], 0.0)
@@ -278,7 +280,7 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         top = np.argsort(-r)[:5]
         ev: dict[str, float | int | str] = {
             "detector": "cusum_fingerprint", "statistic": self.statistic, "threshold": 1.0,
-            "k": float(self.k), "n_charts": 2 * len(self._labels),
+            "arl0_target": float(self.arl0), "k": float(self.k), "n_charts": 2 * len(self._labels),
             "charts_alarmed": ",".join(self.charts_alarmed), "n": self._n,
             "n_alarms": self._n_alarms}
         for j in top:

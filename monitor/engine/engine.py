@@ -261,6 +261,7 @@ class Engine:
             h_fp = th.fingerprint
             makers["cusum_fingerprint"] = lambda: MultichartCUSUM(
                 mean=base.mean, cov=base.cov, k=cfg.fingerprint_shift / 2, h=h_fp,
+                arl0=cfg.arl0 / max(self._share("cusum_fingerprint", base), 1e-12),
                 feature_names=list(base.feature_names))
         dets: dict[str, Any] = {}
         st.disabled = dict(th.disabled)

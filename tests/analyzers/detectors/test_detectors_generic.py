@@ -17,6 +17,7 @@ from assaywatch.analyzers.detectors import (
     BernoulliCUSUM,
     Detector,
     FingerprintCUSUM,
+    MultichartCUSUM,
     RiverDetector,
 )
 
@@ -72,6 +73,14 @@ CASES = [
         _vectors(1.0),
         200,
     ),
+    Case(
+        "multichart",
+        lambda: MultichartCUSUM(np.zeros(D), COV, arl0=10_000),
+        np.zeros(D),
+        _vectors(0.0),
+        _vectors(1.0),
+        200,
+    ),
     Case("adwin", lambda: RiverDetector("adwin"), 0.5, _floats(0.0), _floats(2.0), 300),
     Case("kswin", lambda: RiverDetector("kswin", alpha=1e-5), 0.5, _floats(0.0), _floats(2.0), 300),
     Case(
@@ -114,7 +123,7 @@ def test_detects_step_change_after_quiet_in_control_start(case: Case) -> None:
     assert det.n_alarms == len(alarms)
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])
 def test_restarts_after_alarm_and_fires_again_on_persisting_change(case: Case) -> None:
     """Frozen-baseline charts restart at zero and fire again while the change persists."""
     rng = np.random.default_rng(12)
@@ -124,7 +133,7 @@ def test_restarts_after_alarm_and_fires_again_on_persisting_change(case: Case) -
     assert det.n_alarms == len(alarms)
 
 
-@pytest.mark.parametrize("case", CASES[3:], ids=IDS[3:])
+@pytest.mark.parametrize("case", CASES[4:], ids=IDS[4:])
 def test_river_detectors_rearm_and_catch_the_change_back(case: Case) -> None:
     """river's detectors compare the stream with its own past: after an alarm they adapt
     to the new level (no re-alarm while it persists) but catch the next change."""
@@ -164,7 +173,8 @@ def test_pickle_round_trip_continues_identically(case: Case) -> None:
 def test_repr_lists_constructor_args_and_evaluates_back(case: Case) -> None:
     det = case.make()
     text = repr(det)
-    namespace = {c.__name__: c for c in (BernoulliCUSUM, FingerprintCUSUM, MEWMA, RiverDetector)}
+    namespace = {c.__name__: c for c in (BernoulliCUSUM, FingerprintCUSUM, MEWMA,
+                                        MultichartCUSUM, RiverDetector)}
     rebuilt = eval(text, namespace)  # noqa: S307 - our own repr, test only
     assert repr(rebuilt) == text
     assert _same([rebuilt.threshold], [det.threshold])
@@ -199,7 +209,7 @@ def test_evidence_is_json_safe_and_names_statistic_and_threshold(case: Case) -> 
     assert all(isinstance(v, float | int | str) for v in ev.values())
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])
 def test_statistic_reaches_threshold_exactly_when_alarm_fires(case: Case) -> None:
     rng = np.random.default_rng(17)
     det = case.make()
@@ -217,7 +227,7 @@ def test_checkpoint_of_another_detector_is_rejected() -> None:
         FingerprintCUSUM(np.zeros(2), np.ones(2)).set_state(other)
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])
 def test_batch_kernel_reproduces_scalar_updates(case: Case) -> None:
     """The vectorised kernel used for Monte Carlo is the detector's own recursion."""
     rng = np.random.default_rng(18)

@@ -1,0 +1,116 @@
+"""Issue 12, monitor part: one false-alarm budget per stream on realistic data.
+
+Every test runs the real engine (``tests/realworld/monitor_measure.py``) on the realistic
+world with baselines **learned** in the engine, a fresh one per stream, at a configured
+``arl0 = 500`` (the production 10,000 would take 20x longer to measure; the claim is
+relative to the configured value). Sizes are bounded so the module runs in about a minute
+on 2 cores; the figures in the README (analyzers/README.md, "One budget per stream") come
+from the larger runs of ``python -m tests.benchmarks detectors``.
+
+How each claim is measured:
+
+* ARL0 of the union: every alarm onset of every detector over ``streams x HORIZON``
+  in-control runs; the claim "ARL0 >= arl0" fails when the count of onsets is above the
+  0.995 quantile of a Poisson count with mean exposure / arl0 (Monte Carlo error).
+* Spread over streams (200-run streams, the worst case): the index of dispersion of the
+  per-stream onset counts against equal rates (chi-square), and the share of all onsets
+  raised by the top decile of streams (the ``round(0.1 * streams)`` with the most) beside
+  its value when every stream has the pooled rate (Poisson reference).
+* Delays: steady state (change after 200 in-control runs without an alarm), mean over
+  repetitions against the likelihood-ratio CUSUM on the exact per-run LLR calibrated to
+  the union's measured ARL0 (``measure.oracle_delay``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats
+
+from tests.realworld import monitor_measure as mm
+from tests.realworld.measure import InControlResult, default_workers, oracle_delay
+from tests.realworld.world import realistic_world
+
+ARL0 = 500.0
+HORIZON = 1_500
+STREAMS = {200: 24, 2_000: 8, 10_000: 2}
+DELAY_REPS = 8
+SEED = 20261213
+WORLD = realistic_world()
+
+
+@pytest.fixture(scope="module")
+def incontrol() -> dict[int, InControlResult]:
+    return {n_b: mm.incontrol(WORLD, n_b, k, HORIZON, ARL0, seed=SEED,
+                              workers=default_workers())
+            for n_b, k in STREAMS.items()}
+
+
+@pytest.mark.parametrize("n_b", sorted(STREAMS))
+def test_union_arl0_at_least_the_configured_arl0(incontrol: dict[int, InControlResult],
+                                                 n_b: int) -> None:
+    res = incontrol[n_b]
+    exposure = res.n_streams * res.horizon
+    onsets = int(res.counts.sum())
+    limit = stats.poisson.ppf(0.995, exposure / ARL0)
+    assert onsets <= limit, (n_b, onsets, exposure / ARL0, res.detector_alarms)
+    # every alarm is from a detector that has a share of the budget: the SPRT is a verdict
+    assert set(res.detector_alarms) <= {"cusum_pass_rate", "cusum_fingerprint"}
+
+
+def test_streams_false_alarm_rates_are_homogeneous(
+        incontrol: dict[int, InControlResult]) -> None:
+    """Index of dispersion of the per-stream onset counts (equal exposure): under equal
+    rates sum (c - mean)^2 / mean is chi-square with streams - 1 df."""
+    res = incontrol[200]
+    c = res.counts.astype(float)
+    assert c.sum() >= 10, "too few alarms to measure a spread"
+    dispersion = float(((c - c.mean()) ** 2).sum() / c.mean())
+    assert stats.chi2.sf(dispersion, c.size - 1) > 0.01, (dispersion, sorted(c))
+
+
+@pytest.mark.xfail(reason="at this size (24 streams, ~1 onset each) even equal rates give a "
+                   "top-decile share near 0.3 (Poisson reference); measured 0.33 against a "
+                   "reference of 0.29 here, 0.28 against 0.26 in the benchmark (README)",
+                   strict=False)
+def test_no_decile_of_streams_carries_more_than_a_quarter_of_false_alarms(
+        incontrol: dict[int, InControlResult]) -> None:
+    res = incontrol[200]
+    assert res.top_decile_share <= 0.25, (res.top_decile_share, res.top_decile_reference)
+
+
+@pytest.fixture(scope="module")
+def delay_ratios(incontrol: dict[int, InControlResult]) -> dict[tuple[int, str], float]:
+    out = {}
+    for n_b in (200, 2_000):
+        target = incontrol[n_b].arl_first
+        target = target if math.isfinite(target) else ARL0
+        res = mm.delays(WORLD, n_b, DELAY_REPS, seed=SEED + 1, workers=default_workers())
+        for change, r in res.items():
+            orc = oracle_delay(WORLD, change, target, 200, pool=20_000, seed=SEED + 2,
+                               reps=400)
+            out[(n_b, change)] = r.mean / orc.delay
+    return out
+
+
+# Measured (analyzers/README.md): the pass-rate CUSUM is within 1.3x of the oracle, the
+# fingerprint chart 4-6x: the oracle reads the per-step tool calls and latencies the
+# fingerprint summarises, and a mean-shift chart on the summary cannot recover them.
+@pytest.mark.parametrize("n_b, change, bound", [
+    pytest.param(2_000, "pass_rate", 1.25, marks=pytest.mark.xfail(
+        reason="measured 1.31x with 14 repetitions in the benchmark, <= 1.25 with this "
+        "test's 8 (README): at the bound within Monte Carlo error", strict=False)),
+    pytest.param(2_000, "tool_swap", 1.5, marks=pytest.mark.xfail(
+        reason="measured 6.0x (README)", strict=False)),
+    pytest.param(2_000, "latency", 1.5, marks=pytest.mark.xfail(
+        reason="measured 4.2x (README)", strict=False)),
+    (200, "pass_rate", 2.0),
+    pytest.param(200, "tool_swap", 2.0, marks=pytest.mark.xfail(
+        reason="fingerprint chart several times the oracle (README)", strict=False)),
+    pytest.param(200, "latency", 2.0, marks=pytest.mark.xfail(
+        reason="fingerprint chart several times the oracle (README)", strict=False)),
+])
+def test_steady_state_delay_against_the_oracle(delay_ratios: dict[tuple[int, str], float],
+                                               n_b: int, change: str, bound: float) -> None:
+    assert delay_ratios[(n_b, change)] <= bound, delay_ratios
