@@ -1,9 +1,13 @@
 """The tiny agents that ``record`` runs, one scenario per function, each in its own process.
 
 Run by ``record`` as ``python -m tests.conformance.agents NAME --base-url URL --out FILE
---runs N``; each invocation of the agent is flushed and written as one OTLP/JSON line
-(``ExportTraceServiceRequest``) to FILE. Third-party packages are imported inside each
-scenario function; a missing one makes the process exit with :data:`EXIT_SKIP` and a
+--runs N [--otlp-endpoint URL]``; each invocation of the agent is flushed and written as one
+OTLP/JSON line (``ExportTraceServiceRequest``) to FILE. With ``--otlp-endpoint`` the same
+spans (those that reach the capture, i.e. after Langfuse's own filters) also go to a live
+collector or ``assaywatch monitor`` over OTLP/HTTP protobuf, through the real
+``opentelemetry-exporter-otlp-proto-http`` exporter behind a ``BatchSpanProcessor``, which
+is flushed and shut down before the process exits. Third-party packages are imported inside
+each scenario function; a missing one makes the process exit with :data:`EXIT_SKIP` and a
 ``SKIP:`` line on stderr.
 
 Every tool-using agent does the same thing, which is what the expectations count:
@@ -102,21 +106,33 @@ def _exporter_class() -> type:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     class JsonLinesExporter(SpanExporter):
-        """Buffers exported spans; :meth:`write_line` appends them as one OTLP/JSON line."""
+        """Buffers exported spans; :meth:`write_line` appends them as one OTLP/JSON line.
 
-        def __init__(self, path: str) -> None:
+        ``live``, a span processor (the OTLP ``BatchSpanProcessor``), gets every exported
+        span as it arrives, so the live stream and the file hold the same spans.
+        """
+
+        def __init__(self, path: str | None, live: Any = None) -> None:
             self.path = path
+            self.live = live
             self.buffer: list[Any] = []
             self.lines = 0
+            self.spans = 0
 
         def export(self, spans: Sequence[Any]) -> Any:
             self.buffer.extend(spans)
+            if self.live is not None:
+                for span in spans:
+                    self.live.on_end(span)
             return SpanExportResult.SUCCESS
 
         def write_line(self) -> int:
             spans, self.buffer = self.buffer, []
             if not spans:
                 return 0
+            self.spans += len(spans)
+            if self.path is None:
+                return len(spans)
             spans.sort(key=lambda s: (s.start_time or 0))
             line = json.dumps(request_to_json(encode_spans(spans)), separators=(",", ":"))
             with open(self.path, "a", encoding="utf-8") as fh:
@@ -131,6 +147,22 @@ def _exporter_class() -> type:
             return True
 
     return JsonLinesExporter
+
+
+def traces_url(endpoint: str) -> str:
+    """OTLP/HTTP traces URL of ``endpoint`` (``http://host:port`` or the full URL)."""
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    url = url.rstrip("/")
+    return url if url.endswith("/v1/traces") else f"{url}/v1/traces"
+
+
+def _live_processor(endpoint: str) -> Any:
+    """A ``BatchSpanProcessor`` over the real OTLP/HTTP protobuf exporter to ``endpoint``."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint), timeout=10),
+                              schedule_delay_millis=200)
 
 
 def _provider(scenario: str, exporter: Any, provider_cls: Any = None) -> Any:
@@ -404,13 +436,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run one conformance agent (see record.py).")
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--base-url", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="OTLP/JSON Lines file to append to")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--otlp-endpoint", metavar="URL",
+                    help="also export over OTLP/HTTP protobuf to URL (http://host:port, "
+                         "/v1/traces appended unless given)")
     args = ap.parse_args(argv)
+    if not args.out and not args.otlp_endpoint:
+        ap.error("give --out FILE, --otlp-endpoint URL or both")
     os.environ.setdefault("OPENAI_API_KEY", "sk-fake")
     try:
         _require("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.common")
-        exp = _exporter_class()(args.out)
+        if args.otlp_endpoint:
+            _require("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        live = _live_processor(args.otlp_endpoint) if args.otlp_endpoint else None
+        exp = _exporter_class()(args.out, live)
         invoke = SCENARIOS[args.scenario](args.base_url, exp)
     except Skip as exc:
         print(f"SKIP: {args.scenario}: {exc}", file=sys.stderr)
@@ -424,7 +464,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if flush:
             flush()
         exp.write_line()
-    print(json.dumps({"scenario": args.scenario, "lines": exp.lines}))
+    delivered = True
+    if live is not None:
+        delivered = bool(live.force_flush(timeout_millis=30_000))
+        live.shutdown()
+    print(json.dumps({"scenario": args.scenario, "lines": exp.lines, "spans": exp.spans,
+                      "otlp_endpoint": args.otlp_endpoint, "otlp_flushed": delivered}))
+    if not delivered:
+        print(f"ERROR: {args.scenario}: spans not delivered to {args.otlp_endpoint}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,17 +1,20 @@
 """Re-record the conformance fixtures from the real instrumentation packages.
 
-    python -m tests.conformance.record [NAME ...] [--out DIR] [--runs N]
-                                        [--python NAME=INTERPRETER ...]
+    python -m tests.conformance.record [NAME ...] [--out DIR] [--runs N] [--latest]
+                                        [--python NAME=INTERPRETER ...] [--no-envs]
+                                        [--otlp-endpoint URL]
 
 For each scenario (all by default; names in ``agents.SCENARIOS``) this starts the fake
 OpenAI server (``fake_openai``) on 127.0.0.1, runs the scenario's agent ``--runs`` times in
 a subprocess (``python -m tests.conformance.agents NAME``) with the real instrumentation
 and the real OpenTelemetry SDK, and writes ``DIR/NAME.jsonl`` (one OTLP/JSON
 ``ExportTraceServiceRequest`` per agent invocation). Run it from the repository root with
-an interpreter that has the scenario's packages (README.md in this folder); a scenario whose
-packages cannot be imported is skipped with its reason. ``--python NAME=PATH`` runs one
-scenario with another interpreter (the openai-v2 instrumentation needs its own
-environment, see README.md).
+the interpreter of the scenario's environment built by ``setup_envs.sh`` (``envs.py``:
+``env-a``/``env-b``, or ``env-latest``/``env-latest-v2`` with ``--latest``) when it exists,
+else the interpreter running this script (always with ``--no-envs``); ``--python
+NAME=PATH`` runs one scenario with another interpreter. A scenario whose packages cannot be
+imported is skipped with its reason. ``--otlp-endpoint URL`` also sends the spans live
+over OTLP/HTTP to a collector or ``assaywatch monitor`` (``agents.py``).
 
 When ``DIR/NAME.expected.json`` exists its ``recorded_with`` field (package versions of the
 interpreter that recorded) is refreshed; the expectations themselves are written by a
@@ -28,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conformance import envs
 from tests.conformance.agents import EXIT_SKIP, SCENARIOS
 from tests.conformance.fake_openai import FakeOpenAI
 
@@ -87,24 +91,36 @@ def _refresh_expected(path: Path, recorded_with: dict[str, object]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def record(name: str, out_dir: Path, runs: int, python: str) -> tuple[str, str]:
-    """Record one scenario; returns (status, detail) with status recorded/skipped/failed."""
-    out = out_dir / f"{name}.jsonl"
-    tmp = out_dir / f".{name}.jsonl.tmp"
-    tmp.unlink(missing_ok=True)
+def agent_env() -> dict[str, str]:
+    """The environment of an agent subprocess: no inherited OTEL_/TRACELOOP_/LANGFUSE_
+    settings, no telemetry of the packages themselves, loopback without a proxy."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACELOOP_",
                                                                       "LANGFUSE_"))}
     env.update({"OPENAI_API_KEY": "sk-fake", "TRACELOOP_TELEMETRY": "false",
                 "PYTHONPATH": str(ROOT), "OTEL_SDK_DISABLED": "false",
                 "OPENAI_AGENTS_DISABLE_TRACING": "0", "NO_PROXY": "127.0.0.1,localhost",
                 "no_proxy": "127.0.0.1,localhost"})
+    return env
+
+
+def record(name: str, out_dir: Path, runs: int, python: str,
+           otlp_endpoint: str | None = None) -> tuple[str, str]:
+    """Record one scenario; returns (status, detail) with status recorded/skipped/failed.
+
+    With ``otlp_endpoint`` the agent also exports its spans live over OTLP/HTTP there.
+    """
+    out = out_dir / f"{name}.jsonl"
+    tmp = out_dir / f".{name}.jsonl.tmp"
+    tmp.unlink(missing_ok=True)
+    env = agent_env()
+    live = ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
     with FakeOpenAI(max_requests=20 * runs + 50, idle_timeout=TIMEOUT_S) as fake:
         env["OPENAI_BASE_URL"] = fake.base_url
         t0 = time.monotonic()
         try:
             res = subprocess.run(
                 [python, "-m", "tests.conformance.agents", name, "--base-url", fake.base_url,
-                 "--out", str(tmp), "--runs", str(runs)],
+                 "--out", str(tmp), "--runs", str(runs), *live],
                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             tmp.unlink(missing_ok=True)
@@ -118,9 +134,10 @@ def record(name: str, out_dir: Path, runs: int, python: str) -> tuple[str, str]:
         tmp.unlink(missing_ok=True)
         return "failed", (res.stderr.strip()[-2000:] or f"exit {res.returncode}")
     tmp.replace(out)
-    recorded_with = {"python": python_version(python),
-                     "packages": versions(python, PACKAGES.get(name, ()) + COMMON)}
-    _refresh_expected(out_dir / f"{name}.expected.json", recorded_with)
+    if (out_dir / f"{name}.expected.json").exists():
+        recorded_with = {"python": python_version(python),
+                         "packages": versions(python, PACKAGES.get(name, ()) + COMMON)}
+        _refresh_expected(out_dir / f"{name}.expected.json", recorded_with)
     lines = sum(1 for ln in out.read_text(encoding="utf-8").splitlines() if ln.strip())
     return "recorded", (f"{out} ({out.stat().st_size} bytes, {lines} lines, "
                         f"{n_requests} model requests, {time.monotonic() - t0:.1f} s)")
@@ -140,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="agent invocations per scenario")
     ap.add_argument("--python", action="append", default=[], metavar="NAME=INTERPRETER",
                     help="run scenario NAME with another Python (repeatable)")
+    ap.add_argument("--latest", action="store_true",
+                    help="use the newest-release environments (env-latest, env-latest-v2) "
+                         "instead of the pinned ones (env-a, env-b)")
+    ap.add_argument("--no-envs", action="store_true",
+                    help="ignore the setup_envs.sh environments: every scenario without "
+                         "--python runs with this interpreter")
+    ap.add_argument("--otlp-endpoint", metavar="URL",
+                    help="also send the spans live over OTLP/HTTP to URL")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENARIOS]
     if unknown:
@@ -154,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     for name in args.names or list(SCENARIOS):
-        status, detail = record(name, out_dir, args.runs, interpreters.get(name, sys.executable))
+        python = interpreters.get(name)
+        if python is None and not args.no_envs:
+            found = envs.interpreter(name, latest=args.latest)
+            python = str(found) if found else None
+        status, detail = record(name, out_dir, args.runs, python or sys.executable,
+                                args.otlp_endpoint)
         print(f"{status:9s} {name}: {detail}", flush=True)
         failed += status == "failed"
     return 1 if failed else 0
