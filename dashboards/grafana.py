@@ -28,6 +28,7 @@ METRIC_FAMILIES: dict[str, tuple[str, ...]] = {
     "assaywatch_spans_received_total": ("receiver",),
     "assaywatch_spans_rejected_total": ("receiver", "reason"),
     "assaywatch_spans_dropped_total": ("reason",),
+    "assaywatch_values_sanitised_total": ("receiver", "reason"),
     "assaywatch_pending_traces": (),
     "assaywatch_runs_total": ("agent", "version", "scenario", "outcome"),
     "assaywatch_alarm": ("agent", "version", "scenario", "detector"),

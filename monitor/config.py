@@ -26,6 +26,10 @@ ENV_VARS = {
     "ASSAYWATCH_OTLP_GRPC": "OTLP/gRPC listen address HOST:PORT (same as --otlp-grpc)",
     "ASSAYWATCH_OTLP_HTTP": "OTLP/HTTP listen address HOST:PORT (same as --otlp-http)",
     "ASSAYWATCH_METRICS": "metrics/status listen address HOST:PORT (same as --metrics)",
+    "ASSAYWATCH_API_TOKEN": "bearer token of the mutating API (POST /api/rebaseline); "
+                            "default: the state dir's api-token file",
+    "ASSAYWATCH_ALLOWED_HOSTS": "comma-separated Host names the metrics port answers besides "
+                                "loopback names and its bound address",
 }
 
 

@@ -278,7 +278,10 @@ class Engine:
         st.detectors = dets
         st.recent_outcomes = deque(maxlen=cfg.hotelling_window)
         st.recent_fps = deque(maxlen=cfg.hotelling_window)
-        st.coverage = CoverageTracker(tools=base.tools)
+        # An observed inventory is the baseline's own tools: nothing to measure against.
+        observed = base.tool_inventory_source == "observed"
+        st.coverage = CoverageTracker(tools=None if observed else base.tools,
+                                      tool_source=base.tool_inventory_source)
 
     def _share(self, name: str, base: Baseline) -> float:
         """The detector's normalised share of the ARL0 budget (0: it never alarms)."""

@@ -284,7 +284,8 @@ def test_ten_megabyte_attribute(h: Harness) -> None:
     reply = h.http.post(raw)  # 10 MB body past the 8 MiB request cap
     assert reply.status == 413 and b"8388608-byte limit" in reply.body
     code, _, _ = h.grpc.send(raw)
-    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED  # grpc's own receive limit
+    # above the 8 MiB cap and below grpc's own 16 MiB receive limit: refused and counted
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     # gzipped it fits the wire cap; the value is truncated to 64 KiB and the run kept
     reply = h.http.post(gzip_bytes(raw), PROTOBUF, {"Content-Encoding": "gzip"})
     assert reply.status == 200
@@ -292,6 +293,7 @@ def test_ten_megabyte_attribute(h: Harness) -> None:
     resp.ParseFromString(reply.body)
     assert not resp.HasField("partial_success")
     wait_counters(h, before, {("rejected", "otlp_http", "body_too_large"): 1,
+                              ("rejected", "otlp_grpc", "message_too_large"): 1,
                               ("dropped", "attribute_value_truncated"): 1})
     wait_runs(h, "big-attr-agent", 1)
     h.assert_alive()
