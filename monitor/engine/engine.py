@@ -362,6 +362,9 @@ class Engine:
                 st.alarm_last[name] = st.monitored_runs
             st.alarms_total[name] += 1
             if onset:
+                st.alarm_onsets[name] = {"run_index": st.monitored_runs,
+                                         "time_ns": run.end_ns, "run_id": run.run_id,
+                                         "moved": _moved(name, evidence)}
                 events.append(AlarmEvent(
                     key=st.key, detector=name, run_index=st.monitored_runs,
                     stream_run=st.n_runs,
@@ -451,6 +454,21 @@ def _gaussian_sample(base: Baseline, n: int, seed: int) -> np.ndarray:
     z = np.random.default_rng(seed).standard_normal((n, lam.size))
     out: np.ndarray = base.mean + (z * np.sqrt(np.clip(lam, 0.0, None))) @ vec.T
     return out
+
+
+def _moved(detector: str, evidence: Any) -> list[str]:
+    """What the detector saw move, in a few words for the status page."""
+    if not isinstance(evidence, dict):
+        return []
+    if detector == "cusum_fingerprint":
+        charts = str(evidence.get("charts_alarmed", ""))
+        return [c for c in charts.split(",") if c][:5]
+    if detector == "cusum_pass_rate":
+        return ["pass_rate"]
+    moved = evidence.get("moved") or {}
+    if isinstance(moved, dict):
+        return [str(k) for k in sorted(moved, key=lambda k: -abs(float(moved[k])))][:5]
+    return []
 
 
 def _clamp_rate(p: float, delta: float) -> float:

@@ -80,6 +80,9 @@ class StreamState:
     feature_shift: dict[str, float] = field(default_factory=dict)
     coverage: CoverageTracker | None = None
     recommended_trials: int | None = None
+    #: the latest alarm onset of each detector: ``run_index``, ``time_ns`` (the end time of
+    #: the run that raised it), ``run_id`` and ``moved`` (what the detector saw move)
+    alarm_onsets: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: detectors that could not be built for this baseline, with the reason
     disabled: dict[str, str] = field(default_factory=dict)
     #: thresholds of the alarming detectors, calibrated on the baseline at its freeze

@@ -30,7 +30,6 @@ repaired in the exposition instead of failing every scrape.
 from __future__ import annotations
 
 import hmac
-import html
 import ipaddress
 import json
 import logging
@@ -47,8 +46,8 @@ from prometheus_client.core import Metric
 
 from assaywatch.analyzers.model import StreamKey
 from assaywatch.monitor.engine.engine import Engine
-from assaywatch.monitor.engine.streams import DETECTORS, StreamState, recent_pass_rate
 from assaywatch.monitor.exporters.events import EventLog, state_change, token_id
+from assaywatch.monitor.exporters.page import status_page, stream_summary
 from assaywatch.monitor.exporters.prometheus import MonitorCollector
 from assaywatch.monitor.receivers.otlp.http_server import (
     DeadlineRequestHandler,
@@ -91,31 +90,6 @@ class MonitorView(Protocol):
     addresses: dict[str, str]
     #: The event log, or None without a state dir.
     events: EventLog | None
-
-
-def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
-    recent = recent_pass_rate(st)
-    return {
-        **st.key.as_labels(),
-        "runs": st.n_runs,
-        "outcomes": dict(st.outcomes),
-        "baseline": None if st.baseline is None else {
-            "id": st.baseline.baseline_id, "runs": st.baseline.n_runs,
-            "pass_rate": st.baseline.pass_rate, "origin": st.baseline_origin},
-        "learning": st.baseline is None,
-        "recent_pass_rate": None if recent is None else recent[0],
-        "verdicts": {"pass_rate": _v(st.pass_rate_verdict), "fingerprint":
-                     _v(st.fingerprint_verdict), "sprt": _v(st.sprt_verdict)},
-        "active_alarms": [d for d in DETECTORS
-                          if st.baseline is not None and st.alarm_active(d, hold)],
-        "alarms_total": dict(st.alarms_total),
-        "hotelling_p_value": st.hotelling_p,
-        "disabled_detectors": dict(getattr(st, "disabled", {})),
-    }
-
-
-def _v(v: object) -> str | None:
-    return None if v is None else str(v)
 
 
 def load_token(state_dir: str | os.PathLike[str] | None,
@@ -342,7 +316,8 @@ class _Handler(DeadlineRequestHandler):
                                    "addresses": srv.monitor.addresses}, default=str)
                 self._send(200, body.encode(), "application/json")
             elif path == "/":
-                self._send(200, _status_page(srv).encode("utf-8", "replace"),
+                page = status_page(srv.summaries(), srv.monitor.addresses)
+                self._send(200, page.encode("utf-8", "replace"),
                            "text/html; charset=utf-8")
             else:
                 self._send(404, b"not found: try /, /metrics, /healthz, /readyz\n",
@@ -435,27 +410,3 @@ class _Handler(DeadlineRequestHandler):
             events.append(record)
         body = json.dumps({"stream": key.as_labels(), "rebaselined": ok}).encode()
         self._send(200 if ok else 404, body, "application/json")
-
-
-def _status_page(srv: StatusServer) -> str:
-    rows = []
-    for s in srv.summaries():
-        alarms = ", ".join(s["active_alarms"]) or "none"
-        state = "learning baseline" if s["learning"] else (
-            f"baseline {s['baseline']['runs']} runs ({s['baseline']['origin']})")
-        rate = "-" if s["recent_pass_rate"] is None else f"{s['recent_pass_rate']:.3f}"
-        verdicts = " ".join(f"{k}={v or '-'}" for k, v in s["verdicts"].items())
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            s["agent"], s["version"], s["scenario"], s["runs"], state, rate, verdicts,
-            alarms)) + "</tr>")
-    body = "\n".join(rows) or '<tr><td colspan="8">no runs received yet</td></tr>'
-    addrs = ", ".join(f"{k} {v}" for k, v in srv.monitor.addresses.items())
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="5"><title>assaywatch monitor</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;text-align:left}}
-tr:nth-child(even){{background:#f4f4f4}}</style></head><body>
-<h1>assaywatch monitor</h1><p>Listening: {html.escape(addrs)}.
-Metrics at <a href="/metrics">/metrics</a>.</p>
-<table><tr><th>agent</th><th>version</th><th>scenario</th><th>runs</th><th>baseline</th>
-<th>recent pass rate</th><th>verdicts</th><th>active alarms</th></tr>
-{body}</table></body></html>"""
