@@ -333,3 +333,24 @@ def test_planned_sizes_for_a_holm_family() -> None:
     # 481, since its rate might be 0.87; one of 232 runs cannot reach the plan at all.
     assert (candidate_sample_size(433, 481, 0.1, tests=40) or 0) > 481
     assert candidate_sample_size(209, 232, 0.1, tests=40) is None
+
+
+def test_exact_powers_equal_a_sum_over_every_outcome() -> None:
+    # The thresholds found by bisection give the same powers as summing P(k_b) P(k_c) over
+    # the whole outcome grid with each test evaluated cell by cell.
+    def brute(p_b: float, n_b: int, p_c: float, n_c: int, passes: np.ndarray) -> float:
+        kb, kc = np.arange(n_b + 1)[:, None], np.arange(n_c + 1)[None, :]
+        w = stats.binom.pmf(kb, n_b, p_b) * stats.binom.pmf(kc, n_c, p_c)
+        return float((w * passes).sum())
+
+    for n_b, n_c in [(20, 15), (60, 45), (300, 50), (1, 5), (7, 1)]:
+        kb, kc = np.arange(n_b + 1)[:, None], np.arange(n_c + 1)[None, :]
+        for p_b in (0.5, 0.9, 0.97):
+            for level in (0.05, 0.0025):
+                fisher = fisher_pvalue(kb, n_b, kc, n_c) < level
+                got = planned_power(p_b, n_b, n_c, DELTA, level)
+                assert got == pytest.approx(brute(p_b, n_b, p_b - DELTA, n_c, fisher), abs=1e-12)
+            ni = noninferiority_z(kb, n_b, kc, n_c, DELTA) > stats.norm.isf(BETA)
+            for p_c in (p_b, p_b - DELTA):
+                got = noninferiority_power(p_b, n_b, p_c, n_c, DELTA, BETA)
+                assert got == pytest.approx(brute(p_b, n_b, p_c, n_c, ni), abs=1e-12)
