@@ -263,13 +263,14 @@ class DetectorWorker:
         assign = []
         with self.lock:
             for tp in partitions:
+                t0 = time.monotonic()
                 state = self._restore(tp.partition)
                 self._install(state)
                 offset = state.next_offset if state.next_offset > 0 else ck.OFFSET_BEGINNING
                 assign.append(ck.TopicPartition(tp.topic, tp.partition, offset))
                 logger.info("detector: partition %d restored at offset %d (%d streams, "
-                            "%d runs)", tp.partition, state.next_offset, len(state.streams),
-                            state.runs_processed)
+                            "%d runs) in %.2f s", tp.partition, state.next_offset,
+                            len(state.streams), state.runs_processed, time.monotonic() - t0)
         consumer.incremental_assign(assign)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:

@@ -225,6 +225,8 @@ def alarms_from_topic(bootstrap: str, topic: str) -> tuple[list[dict], int]:
 def final_states(bootstrap: str, names: dict) -> dict[int, PartitionState]:
     out: dict[int, PartitionState] = {}
     for m in read_topic(bootstrap, names["state"]):
+        if not (m.key() or b"").startswith(f"{names['runs']}:".encode()):
+            continue
         st = decode_state(m.value())
         assert m.key() == state_key(names["runs"], st.partition)
         out[st.partition] = st  # later offsets win
