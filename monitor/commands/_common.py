@@ -114,3 +114,36 @@ def check_contracts(cfg: Any, where: str) -> None:
             ContractRules.from_dict(cfg.contracts)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+
+def config_kind_hint(path: str | None, expected: str) -> str:
+    """A sentence to append to a config error when ``path`` is the other kind of file:
+    the monitor (``monitor``, ``replay``, ``mutate --config``) and the gate (``gate``,
+    ``baseline build``, ``plan --config``) read different formats."""
+    import dataclasses
+
+    import yaml
+
+    from assaywatch.monitor.config import MonitorConfig
+    from assaywatch.monitor.offline.gate import GatePolicy
+
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError):
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    keys = {str(k) for k in data}
+    monitor = {f.name for f in dataclasses.fields(MonitorConfig)}
+    gate = {f.name for f in dataclasses.fields(GatePolicy)}
+    shared = monitor & gate
+    if expected == "gate" and keys - shared and keys - shared <= monitor:
+        return (" — this looks like a monitor config (for `assaywatch monitor` and `replay`);"
+                " the gate's --config takes gate options: " + ", ".join(sorted(gate)))
+    if expected == "monitor" and keys - shared and keys - shared <= gate:
+        return (" — this looks like a gate config (for `assaywatch gate`); the monitor's "
+                "--config takes sections: " + ", ".join(sorted(monitor)))
+    return ""

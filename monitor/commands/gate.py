@@ -25,8 +25,11 @@ def register(sub: Any) -> None:
     p.add_argument("--candidate", nargs="+", metavar="FILE",
                    help="span files of the candidate version (or --run)")
     live = p.add_argument_group(
-        "live gate", "run the candidate until the verdict is decided (monitor/live/runner.py "
-        "describes the COMMAND protocol)")
+        "live gate", "run the candidate until the verdict is decided. COMMAND is started "
+        "once per wanted run with OTEL_EXPORTER_OTLP_ENDPOINT pointing at the gate's own "
+        "receiver and ASSAYWATCH_SCENARIO and ASSAYWATCH_RUN_INDEX set; with --loop it is "
+        "started once per job, reads 'run SCENARIO INDEX' lines on stdin and prints 'done' "
+        "after each run's spans are flushed")
     live.add_argument("--run", metavar="COMMAND",
                       help="run this shell command repeatedly, one agent run per invocation "
                            "(or --loop), with OTEL_EXPORTER_OTLP_ENDPOINT set to an embedded "
@@ -54,7 +57,7 @@ def register(sub: Any) -> None:
                            "on the same scenario and ASSAYWATCH_TRIAL_INDEX after each target "
                            "run (plus extra runs on fresh indices); used only when its "
                            "measured correlation with the target makes it pay "
-                           "(monitor/live/fidelity.py)")
+                           "(control variates)")
     live.add_argument("--proxy-cost-ratio", type=float, metavar="X",
                       help="proxy cost per run / target cost per run (default: measured "
                            "from the runs' cost_usd or tokens)")

@@ -10,7 +10,7 @@ from typing import Any
 
 
 def load_policy(path: str | None) -> Any:
-    from assaywatch.monitor.commands._common import usage_error
+    from assaywatch.monitor.commands._common import config_kind_hint, usage_error
     from assaywatch.monitor.offline.gate import GatePolicy
 
     if not path:
@@ -29,7 +29,7 @@ def load_policy(path: str | None) -> Any:
     try:
         return GatePolicy.from_mapping(data, where=path)
     except (ValueError, TypeError) as exc:
-        raise usage_error(str(exc)) from None
+        raise usage_error(str(exc) + config_kind_hint(path, "gate")) from None
 
 
 def baselines_from_inputs(paths: list[str], strict: bool, policy: Any,

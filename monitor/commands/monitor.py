@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Any:
-    from assaywatch.monitor.commands._common import check_contracts
+    from assaywatch.monitor.commands._common import check_contracts, config_kind_hint
     from assaywatch.monitor.commands.errors import UsageError
     from assaywatch.monitor.config import ConfigError, MonitorConfig, parse_hostport
 
@@ -68,7 +68,7 @@ def load_config(args: argparse.Namespace) -> Any:
             raise ConfigError("the metrics address cannot be empty")
         check_contracts(cfg, args.config or "config")
     except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc) + config_kind_hint(args.config, "monitor")) from None
     return cfg
 
 

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from assaywatch.monitor.commands._common import (
         check_files,
         check_loaded,
+        config_kind_hint,
         is_baseline_file,
         usage_error,
     )
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = MonitorConfig.load(args.config) if args.config else MonitorConfig()
     except ConfigError as exc:
-        raise usage_error(str(exc)) from None
+        raise usage_error(str(exc) + config_kind_hint(args.config, "monitor")) from None
     policy = load_policy(args.gate_config)
     try:
         rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None

@@ -49,7 +49,8 @@ def register(sub: Any) -> None:
         "plan", help="recommend candidate runs per stream (adaptive budget)",
         description="For each baseline stream: variance class, and the candidate runs the "
                     "gate's pass-rate and fingerprint tests need to reach power 1 - beta "
-                    "(exact powers), beside the adaptive budget n* (Algorithm 4).")
+                    "(exact powers), beside the adaptive budget n* sized from the agent's own "
+                    "variability.")
     p.add_argument("--baseline", required=True, nargs="+", metavar="FILE",
                    help="baseline JSON, or span files of the known-good version")
     p.add_argument("--config", metavar="FILE", help="gate config YAML (alpha, beta, delta, "

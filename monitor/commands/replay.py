@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         check_contracts,
         check_files,
         check_loaded,
+        config_kind_hint,
         read_baselines,
         usage_error,
     )
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = MonitorConfig.load(args.config) if args.config else MonitorConfig()
         check_contracts(cfg, args.config or "config")
     except ConfigError as exc:
-        raise usage_error(str(exc)) from None
+        raise usage_error(str(exc) + config_kind_hint(args.config, "monitor")) from None
     baselines = read_baselines(list(cfg.baselines) + list(args.baseline or []))
     try:
         result = replay(args.files, cfg, baselines, strict=args.strict)

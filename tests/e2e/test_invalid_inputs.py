@@ -60,6 +60,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["not_a_number"].write_text("detectors:\n  arl0: lots\n")
     out["gate_typo"] = d / "gate.yaml"
     out["gate_typo"].write_text("alpah: 0.05\n")
+    out["gate_config"] = d / "gate-ok.yaml"
+    out["gate_config"].write_text("alpha: 0.05\ndelta: 0.1\n")
+    out["monitor_config"] = d / "monitor.yaml"
+    out["monitor_config"].write_text("detectors:\n  learn_runs: 300\n")
     out["state_file"] = d / "state-is-a-file"
     out["state_file"].write_text("x")
     out["corrupt_state"] = d / "corrupt-state"
@@ -84,6 +88,12 @@ CASES = [
     Case("gate-config-typo",
          lambda f: [*_gate(f, "spans"), "--config", str(f["gate_typo"])],
          lambda f: ["alpah"]),
+    Case("gate-given-a-monitor-config",
+         lambda f: [*_gate(f, "spans"), "--config", str(f["monitor_config"])],
+         lambda f: [str(f["monitor_config"]), "looks like a monitor config"]),
+    Case("replay-given-a-gate-config",
+         lambda f: ["replay", str(f["spans"]), "--config", str(f["gate_config"])],
+         lambda f: [str(f["gate_config"]), "looks like a gate config"]),
     Case("gate-baseline-spans-empty",
          lambda f: ["gate", "--baseline", str(f["empty"]), "--candidate", str(f["spans"])],
          lambda f: [str(f["empty"])]),
