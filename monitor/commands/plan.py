@@ -5,10 +5,13 @@ behaviour shift Delta_M (``--shift``, in baseline standard deviations: a Mahalan
 distance):
 
 ``n_pass_rate``
-    Smallest candidate size n_c whose *planned* power (the exact one the gate's pass-rate
-    verdict checks, one-sided Fisher by default) reaches 1 - beta at a drop of delta from
-    the baseline's rate, with the baseline's own n_b fixed. None when even n_c -> infinity
-    cannot reach it (the baseline is too small: record more baseline runs).
+    Smallest candidate size n_c at which the gate's pass-rate verdict is designed to
+    decide (``analyzers.verdicts.candidate_sample_size``): its Fail test at the Holm
+    family's smallest level (alpha over 2 tests per stream: pass rate and fingerprint) has
+    power 1 - beta at a drop of delta, and an unchanged stream passes with probability
+    1 - alpha over that family, at the least favourable rate in the baseline's 95% Wilson
+    interval (the baseline's own n_b fixed). None when even n_c -> infinity cannot reach
+    it (the baseline is too small: record more baseline runs).
 ``n_fingerprint``
     Smallest n_c whose exact Hotelling power P[F'(d, n-d-1; lambda) > F_crit],
     lambda = n_b n_c / (n_b + n_c) Delta_M^2, reaches 1 - beta at ``fingerprint_alpha``;
@@ -28,8 +31,7 @@ Delta_M (baseline sds) sigma2 = the number of non-constant features and k = n_b.
 runs, standardised by the baseline's sds, and k is their number (n* then counts them).
 
 ``recommended`` = max(n_pass_rate, n_fingerprint): the runs after which neither gate test
-can be Inconclusive for lack of power. The gate's power check uses the unadjusted alpha;
-a regression *detected* after Holm-Bonferroni over m tests needs about alpha/m, i.e. more.
+should be Inconclusive for lack of runs.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def smallest_n(power: Callable[[int], float], target: float, start: int = 2,
 
 
 def plan_stream(base: Any, policy: Any, shift: float,
-                calibration: Sequence[Any] | None = None) -> dict[str, Any]:
+                calibration: Sequence[Any] | None = None, n_streams: int = 1) -> dict[str, Any]:
     """The plan of one baseline stream (see the module docstring for every number)."""
     import numpy as np
 
@@ -99,7 +101,7 @@ def plan_stream(base: Any, policy: Any, shift: float,
         fingerprint_sample_size,
         hotelling_power,
     )
-    from assaywatch.analyzers.verdicts import planned_power
+    from assaywatch.analyzers.verdicts import candidate_sample_size
 
     n_b = base.passes + base.fails
     out: dict[str, Any] = {"stream": str(base.key), **base.key.as_labels(),
@@ -113,10 +115,9 @@ def plan_stream(base: Any, policy: Any, shift: float,
         out["n_pass_rate"] = None
         out["notes"].append(f"baseline pass rate below delta {policy.delta}: no drop possible")
     else:
-        p_b = float(base.pass_rate)
-        out["n_pass_rate"] = smallest_n(
-            lambda n: planned_power(p_b, n_b, n, policy.delta, policy.alpha, policy.test),
-            target, start=1)
+        out["n_pass_rate"] = candidate_sample_size(
+            base.passes, n_b, policy.delta, policy.alpha, policy.beta, policy.test,
+            tests=2 * max(1, n_streams), limit=MAX_RUNS)
         if out["n_pass_rate"] is None:
             out["notes"].append(f"{n_b} decided baseline runs cannot give power {target:.2f} "
                                 "at any candidate size: record more baseline runs")
@@ -197,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
     for b in baselines:
         c = cal.get((b.key.agent, b.key.scenario))
         try:
-            plans.append(plan_stream(b, policy, args.shift, c if c and len(c) >= 2 else None))
+            plans.append(plan_stream(b, policy, args.shift, c if c and len(c) >= 2 else None,
+                                     n_streams=len(baselines)))
         except ValueError as exc:
             raise usage_error(str(exc)) from None
         if args.calibration and not (c and len(c) >= 2):

@@ -14,7 +14,7 @@ from assaywatch.analyzers.baseline_file import baselines_to_json
 from assaywatch.analyzers.budget import adaptive_budget
 from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.hotelling import hotelling_power
-from assaywatch.analyzers.verdicts import planned_power
+from assaywatch.analyzers.verdicts import candidate_sample_size, planning_rate
 from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.commands.plan import plan_stream, smallest_n
 from assaywatch.monitor.offline.gate import GatePolicy
@@ -28,21 +28,24 @@ def runs() -> list:
     return simulate_runs(400, np.random.default_rng(12))
 
 
-def test_pass_rate_n_is_the_smallest_with_planned_power(runs: list) -> None:
+def test_pass_rate_n_is_the_gates_design_at_the_holm_level(runs: list) -> None:
+    """plan's pass-rate size is the gate's own planner for one stream (two tests in the
+    Holm family: pass rate and fingerprint), and at that size the one-sided Fisher test at
+    alpha / 2 detects a drop of delta from the planning rate with power >= 1 - beta."""
     base = build_baseline(runs)
     plan = plan_stream(base, POLICY, 0.5)
-    n, n_b, p_b = plan["n_pass_rate"], base.passes + base.fails, base.pass_rate
-    assert planned_power(p_b, n_b, n, POLICY.delta, POLICY.alpha) >= 0.9
-    assert planned_power(p_b, n_b, n - 1, POLICY.delta, POLICY.alpha) < 0.9
-    # Monte Carlo cross-check with scipy's hypergeometric (Fisher's one-sided p-value):
-    # at p_c = p_b - delta the rejection rate is the power; 20,000 draws give a standard
-    # error of 0.0021 at power 0.9, and 0.01 is almost 5 of them.
+    n, n_b = plan["n_pass_rate"], base.passes + base.fails
+    assert n == candidate_sample_size(base.passes, n_b, POLICY.delta, POLICY.alpha,
+                                      POLICY.beta, POLICY.test, tests=2)
+    # Monte Carlo with scipy's hypergeometric (Fisher's one-sided p-value), the baseline's
+    # counts fixed as in the plan: 20,000 draws give a standard error of 0.0021 at 0.9.
+    p_plan = planning_rate(base.passes, n_b, POLICY.delta, POLICY.alpha)
     rng = np.random.default_rng(5)
-    kb = rng.binomial(n_b, p_b, size=20_000)
-    kc = rng.binomial(n, p_b - POLICY.delta, size=20_000)
-    p = stats.hypergeom.cdf(kc, n_b + n, kb + kc, n)
-    assert np.mean(p < POLICY.alpha) == pytest.approx(
-        planned_power(p_b, n_b, n, POLICY.delta, POLICY.alpha), abs=0.01)
+    kc = rng.binomial(n, p_plan - POLICY.delta, size=20_000)
+    p = stats.hypergeom.cdf(kc, n_b + n, base.passes + kc, n)
+    assert np.mean(p < POLICY.alpha / 2) >= 1 - POLICY.beta - 0.01
+    # and a plan for 20 streams (40 tests) needs more runs than for one
+    assert plan_stream(base, POLICY, 0.5, n_streams=20)["n_pass_rate"] > n
 
 
 def test_fingerprint_n_uses_the_exact_hotelling_power(runs: list) -> None:
