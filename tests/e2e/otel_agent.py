@@ -105,6 +105,27 @@ def emit_run(tracer: object, rng: np.random.Generator, agent: str, version: str,
     return t
 
 
+def sdk_runs(n: int, behaviour: AgentBehaviour, seed: int, *, agent: str = "support-agent",
+             version: str = "1.0", scenarios: tuple[str, ...] = ("refund",),
+             t0_ns: int = 1_760_000_000_000_000_000, gap_ns: int = 1_000_000_000,
+             service: str = "support-svc") -> list[object]:
+    """``n`` runs as finished spans of the real SDK (in its end order), for span files."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("assaywatch-tests")
+    rng = np.random.default_rng(seed)
+    t = t0_ns
+    for i in range(n):
+        t = emit_run(tracer, rng, agent, version, scenarios[i % len(scenarios)], behaviour,
+                     t) + gap_ns
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
 class MonitorProcess:
     """``assaywatch monitor`` in a subprocess on free loopback ports."""
 

@@ -11,10 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from assaywatch.analyzers.model import Outcome, Verdict
 from assaywatch.analyzers.verdicts import planned_sample_size
@@ -23,24 +19,15 @@ from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.offline.gate import GatePolicy, decide
 from assaywatch.monitor.receivers.files import write_otlp_json_lines
 from tests.analyzers.simagent import simulate_runs
-from tests.e2e.otel_agent import AgentBehaviour, emit_run
+from tests.e2e.otel_agent import AgentBehaviour, sdk_runs
 
 TOOLS = {"lookup_order": 0.5, "search_kb": 0.3, "refund": 0.2}
 
 
 def write_spans(path: Path, n: int, behaviour: AgentBehaviour, seed: int,
                 scenarios: tuple[str, ...] = ("refund",), version: str = "1.0") -> Path:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "support-svc"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("gate-test")
-    rng = np.random.default_rng(seed)
-    t = 1_760_000_000_000_000_000
-    for i in range(n):
-        t = emit_run(tracer, rng, "support-agent", version, scenarios[i % len(scenarios)],
-                     behaviour, t) + 1_000_000_000
-    write_otlp_json_lines(str(path), exporter.get_finished_spans())
-    provider.shutdown()
+    write_otlp_json_lines(str(path), sdk_runs(n, behaviour, seed, version=version,
+                                              scenarios=scenarios))
     return path
 
 

@@ -7,10 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from scipy import stats
 
 from assaywatch.analyzers.model import Outcome, Run
@@ -28,7 +24,7 @@ from assaywatch.monitor.pipeline.outcome import ContractRules
 from assaywatch.monitor.pipeline.runs import REASON_KEY
 from assaywatch.monitor.receivers.files import write_otlp_json_lines
 from tests.analyzers.simagent import simulate_runs
-from tests.e2e.otel_agent import AgentBehaviour, emit_run
+from tests.e2e.otel_agent import AgentBehaviour, sdk_runs
 
 NOOP = [m for m in default_mutants([]) if m.control]
 
@@ -119,16 +115,8 @@ def test_trace_decided_outcomes_are_re_decided(pool: list[Run]) -> None:
 
 
 def _write_spans(path: Path, n: int, seed: int) -> Path:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "support-svc"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("mutate-test")
-    rng = np.random.default_rng(seed)
-    t = 1_780_000_000_000_000_000
-    for _ in range(n):
-        t = emit_run(tracer, rng, "support-agent", "1.0", "refund", AgentBehaviour(), t) + 10**9
-    write_otlp_json_lines(str(path), exporter.get_finished_spans())
-    provider.shutdown()
+    write_otlp_json_lines(str(path), sdk_runs(n, AgentBehaviour(), seed,
+                                              t0_ns=1_780_000_000_000_000_000))
     return path
 
 

@@ -15,47 +15,33 @@ import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from assaywatch.monitor.commands._common import build_baselines
 from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.offline.gate import GatePolicy, decide
 from assaywatch.monitor.offline.load import load_runs
 from assaywatch.monitor.receivers.files import write_otlp_json_lines
-from tests.e2e.otel_agent import AgentBehaviour, emit_run
+from tests.e2e.otel_agent import AgentBehaviour, sdk_runs
 
 N_RUNS = 60
 
 
-def sdk_runs(n: int, pass_rate: float, seed: int, version: str) -> list[Any]:
-    """``n`` runs of the support agent as finished SDK spans, in the SDK's end order."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "support-svc"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("determinism-test")
-    rng = np.random.default_rng(seed)
-    t = 1_760_000_000_000_000_000
-    for _ in range(n):
-        # runs 0.2 s apart: closer than the monitor's 5 s grace, so a time-based loader
-        # would have to get the interleaving right
-        t = emit_run(tracer, rng, "support-agent", version, "refund",
-                     AgentBehaviour(pass_rate=pass_rate), t) + 200_000_000
-    provider.shutdown()
-    return list(exporter.get_finished_spans())
+def runs_as_spans(n: int, pass_rate: float, seed: int, version: str) -> list[Any]:
+    """``n`` runs of the support agent as finished SDK spans, in the SDK's end order; runs
+    0.2 s apart, closer than the monitor's 5 s grace, so a time-based loader would have to
+    get the interleaving right."""
+    return sdk_runs(n, AgentBehaviour(pass_rate=pass_rate), seed, version=version,
+                    gap_ns=200_000_000)
 
 
 @functools.cache
 def spans_of(which: str) -> list[Any]:
     if which == "baseline":
-        return sdk_runs(N_RUNS, 0.9, seed=11, version="1.0")
-    return sdk_runs(N_RUNS, 0.8, seed=12, version="1.1")
+        return runs_as_spans(N_RUNS, 0.9, seed=11, version="1.0")
+    return runs_as_spans(N_RUNS, 0.8, seed=12, version="1.1")
 
 
 @functools.cache
