@@ -67,12 +67,12 @@ class Worker:
     """``assaywatch kafka assemble|detect`` in a subprocess."""
 
     def __init__(self, stage: str, bootstrap: str, names: dict, instance: str,
-                 config: Path, *extra: str) -> None:
+                 config: Path, *extra: str, group: str = "") -> None:
         self.stage = stage
         self.instance = instance
         self.args = [sys.executable, "-m", "assaywatch.monitor.commands.cli", "kafka", stage,
                      "--bootstrap", bootstrap, "--runs-topic", names["runs"],
-                     "--group", f"{names['runs']}-{stage}", "--instance-id", instance,
+                     "--group", group or f"{names['runs']}-{stage}", "--instance-id", instance,
                      "--config", str(config), "--metrics", "127.0.0.1:0",
                      "--session-timeout-ms", "6000", "--log-level", "INFO", *extra]
         if stage == "assemble":
