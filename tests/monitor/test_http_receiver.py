@@ -324,3 +324,31 @@ def test_connections_beyond_the_cap_get_503() -> None:
     time.sleep(0.2)
     assert_still_serving(f"http://127.0.0.1:{port}/v1/traces", sink)
     rec.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/logs", "/v1/metrics"])
+def test_other_otlp_signals_are_accepted_and_discarded(server: Any, path: str) -> None:
+    """Zero-code set-ups export logs and metrics beside traces: they get an empty OTLP
+    success (no retries, no errors in the app) and are not counted as span rejections."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+
+    _, sink, counters, url = server
+    base = url.rsplit("/v1/traces", 1)[0]
+    if path == "/v1/logs":
+        req: Any = ExportLogsServiceRequest()
+        req.resource_logs.add().scope_logs.add().log_records.append(
+            LogRecord(time_unix_nano=1, severity_text="INFO"))
+    else:
+        req = ExportMetricsServiceRequest()
+        req.resource_metrics.add().scope_metrics.add().metrics.add(name="requests")
+    resp = requests.post(base + path, data=req.SerializeToString(), headers=PB, timeout=5)
+    assert resp.status_code == 200 and resp.content == b""
+    resp = requests.post(base + path, data=b'{"resourceLogs": []}',
+                         headers={"Content-Type": "application/json"}, timeout=5)
+    assert resp.status_code == 200 and resp.json() == {}
+    assert not counters.rejected and not sink.spans
+    assert_still_serving(url, sink)

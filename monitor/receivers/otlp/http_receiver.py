@@ -79,6 +79,8 @@ logger = logging.getLogger(__name__)
 HTTP_RECEIVER = "otlp_http"
 #: The OTLP/HTTP traces path.
 TRACES_PATH = "/v1/traces"
+#: Other OTLP signals' paths: accepted and discarded (see ``_discard``).
+OTHER_SIGNAL_PATHS = ("/v1/metrics", "/v1/logs")
 _CONTENT_TYPES = {
     "application/x-protobuf": PROTOBUF,
     "application/protobuf": PROTOBUF,
@@ -152,6 +154,7 @@ class TracesEndpoint:
         self._decodes = threading.BoundedSemaphore(max_concurrent_decodes)
         #: Wire bytes of bodies being read or waiting to be decoded, at most.
         self._budget = ByteBudget(max(4 * max_body_bytes, 32 * 1024 * 1024))
+        self._discard_logged = False
         self.sink = sink
         self.counters = counters
         self.max_body_bytes = max_body_bytes
@@ -182,7 +185,10 @@ class TracesEndpoint:
         raw_ctype = headers.get("content-type", "")
         ctype = _CONTENT_TYPES.get(raw_ctype.split(";", 1)[0].strip().lower())
         answer_type = ctype or _JSON
-        if path.split("?", 1)[0] != TRACES_PATH:
+        route = path.split("?", 1)[0]
+        if route in OTHER_SIGNAL_PATHS and method == "POST" and ctype is not None:
+            return self._discard(route, headers, body, ctype)
+        if route != TRACES_PATH:
             # The body is left unread on early answers, so the connection must close.
             return self._reject(
                 "not_found", 404, answer_type, f"no OTLP endpoint at {path!r}", close=True
@@ -229,6 +235,28 @@ class TracesEndpoint:
                 self._decodes.release()
         finally:
             taken.release()
+
+    def _discard(self, route: str, headers: Mapping[str, str], body: ByteStream,
+                 ctype: str) -> HttpAnswer:
+        """OTLP metrics and logs, which zero-code set-ups send beside traces: read (within
+        the body cap) and answered with an empty success, so the SDK's exporters neither
+        retry nor log errors; never counted as span rejections."""
+        taken = Reservation(self._budget)
+        try:
+            try:
+                read_raw_body(body, headers, self.max_body_bytes, taken)
+            except BodyError as err:
+                answer = HttpAnswer(err.status, ctype, status_body(ctype, err.status,
+                                                                  err.message, err.reason))
+                answer.close = True
+                return answer
+        finally:
+            taken.release()
+        if not self._discard_logged:
+            self._discard_logged = True
+            logger.info("OTLP %s received on %s: assaywatch reads traces only; answered "
+                        "with success and discarded", route.rsplit("/", 1)[-1], route)
+        return HttpAnswer(200, ctype, b"" if ctype == PROTOBUF else b"{}")
 
     def _decode(self, raw: bytes, headers: Mapping[str, str], ctype: str) -> HttpAnswer:
         try:
