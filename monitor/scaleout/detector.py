@@ -456,14 +456,15 @@ class DetectorWorker:
         try:
             while not self.stop_event.is_set():
                 msgs = self._consumer.consume(num_messages=500, timeout=s.poll_seconds)
-                with self.lock:
-                    for m in msgs:
-                        err = m.error()
-                        if err is not None:
-                            if err.code() != ck.KafkaError._PARTITION_EOF:
-                                logger.warning("detector: consume error %s", err)
-                            continue
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != ck.KafkaError._PARTITION_EOF:
+                            logger.warning("detector: consume error %s", err)
+                        continue
+                    with self.lock:  # per run: a scrape waits for one run, not a batch
                         self._process(m)
+                with self.lock:
                     self._producer.poll(0)
                     now = time.monotonic()
                     if (now - last >= s.checkpoint_seconds

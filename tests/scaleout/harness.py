@@ -127,7 +127,7 @@ class Worker:
 
     def scrape(self) -> dict[tuple[str, tuple], float]:
         try:
-            with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
+            with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=30) as r:
                 text = r.read().decode()
         except TimeoutError:
             if self.alive():
