@@ -68,10 +68,24 @@ class AssemblerConfig:
                                 "new span of its trace arrived.")
     max_age_seconds: float = _opt(300.0, "A trace is closed at this age even if its root "
                                   "never ends.")
-    max_pending_traces: int = _opt(10_000, "Open traces kept; the oldest is evicted above "
-                                   "it (counted as dropped, reason evicted_trace).")
+    max_pending_traces: int = _opt(10_000, "Open traces kept; above it a trace is evicted, "
+                                   "fairly per sender as for max_pending_bytes (counted as "
+                                   "dropped, reason evicted_trace or sender_quota).")
     max_spans_per_trace: int = _opt(5_000, "Spans kept per trace; more are counted as "
                                     "dropped (reason trace_too_large).")
+    max_pending_bytes: int = _opt(
+        128 * 1024 * 1024, "Estimated memory of the open traces' spans (a fixed part per "
+        "trace and span plus the sizes of the attribute values kept; message content is "
+        "not kept). Above it, and above max_pending_traces, a trace is evicted fairly per "
+        "sender (resource service.name): a sender above its equal share loses its own "
+        "oldest trace first (counted as dropped, reason sender_quota; pending_bytes or "
+        "evicted_trace with a single sender). See monitor/README.md \"Memory and "
+        "overload\".")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_pending_bytes, int) or self.max_pending_bytes < 1 << 20:
+            raise ConfigError("assembler: max_pending_bytes must be at least 1048576 (1 MiB), "
+                              f"got {self.max_pending_bytes!r}")
 
 
 @dataclass

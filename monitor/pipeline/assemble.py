@@ -16,8 +16,17 @@ When a trace closes (``clock()`` is read at every :meth:`Assembler.add` and
   they *end*, so an agent span arriving means its run has ended.
 - **max age**: ``max_age_s`` after the trace was first seen, ready or not (a root that
   never ends, a lost parent).
-- **eviction**: above ``max_pending_traces`` the oldest pending trace is closed at once
-  (its runs are still produced when it has a root) and counted ``evicted_trace``.
+- **eviction**: above ``max_pending_traces`` traces, or above ``max_pending_bytes`` (the
+  estimated memory of the pending spans, :func:`node_bytes`), a pending trace is closed at
+  once (its runs are still produced when it has a root). Which one is fair per *sender*
+  (the resource's ``service.name``): every sender holding pending traces is entitled to an
+  equal share of each limit. A sender above its share gives up its own oldest trace; one
+  within its share takes the place of the oldest trace of a sender above its share (the
+  oldest such trace among the oldest pending, else the heaviest sender's oldest). So an
+  orphan-span flood from one service evicts only that service's traces, never another
+  stream's in-flight runs. An eviction is counted per trace: ``sender_quota`` when two or
+  more senders hold pending traces and the evicted one's sender was above its share, else
+  ``evicted_trace`` (the trace limit) or ``pending_bytes`` (the byte budget).
 
 Every discarded span is counted in ``counters.dropped``: ``duplicate_span`` (same span id
 twice: the first is kept), ``late_span`` (a span of a trace closed recently; a bounded LRU
@@ -43,6 +52,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 
 from assaywatch.analyzers.model import Run
+from assaywatch.monitor.config import AssemblerConfig
 from assaywatch.monitor.pipeline.normalize import classify
 from assaywatch.monitor.pipeline.outcome import DEFAULT_SCORE_THRESHOLD, ContractRules
 from assaywatch.monitor.pipeline.runs import Node, build_runs
@@ -50,14 +60,70 @@ from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 
 logger = logging.getLogger(__name__)
 
+#: Default of ``max_pending_bytes`` (``assembler.max_pending_bytes`` in the config).
+DEFAULT_MAX_PENDING_BYTES: int = AssemblerConfig().max_pending_bytes
+#: Estimated bytes of a pending trace without its spans (the ``_Trace``, its dicts, the
+#: trace id, its entries in the first-seen, idle and per-sender tables), and of one span
+#: kept as a :class:`Node` (the node, its ``NormalizedSpan``, two hex ids, the trace's
+#: dict entry) before its variable-size facts. Measured with ``tracemalloc`` on CPython
+#: 3.11 (tests/monitor/test_assemble.py checks the estimate against it).
+TRACE_BYTES = 900
+SPAN_BYTES = 350
+#: Per mapping entry (evaluations, tool definitions, run marks).
+_ENTRY_BYTES = 100
+#: Sender key of spans without a string ``service.name``.
+UNKNOWN_SENDER = ""
+#: Oldest pending traces looked at for one of a sender above its share before the senders
+#: are scanned for the heaviest (bounds the work of one eviction).
+_VICTIM_WALK = 64
+
+
+def node_bytes(node: Node) -> int:
+    """Estimated memory a pending trace holds for one span: a fixed part plus the sizes of
+    the attribute values the span keeps (its name, tool, agent, scenario, model, provider
+    and service names, evaluations, tool definitions, run marks). Names are mostly shared
+    between spans (``runs.share``), so their characters are counted without an object
+    header: the estimate stays an upper bound without charging a name twice. Message
+    content is not kept (only its length), so it does not count."""
+    n = node.norm
+    size = SPAN_BYTES + len(node.name) + sum(
+        len(x) for x in (n.tool, n.agent_name, n.agent_version, n.scenario, n.model,
+                         n.provider, node.service, node.service_version) if x)
+    if n.evaluations:
+        size += len(n.evaluations) * 2 * _ENTRY_BYTES
+    if n.tool_definitions:
+        size += sum(_ENTRY_BYTES + len(t) for t in n.tool_definitions)
+    if n.marks:
+        size += sum(_ENTRY_BYTES + len(k) + len(v) for k, v in n.marks.items())
+    return size
+
+
+def sender_of(span: SpanRecord) -> str:
+    """The sender a span is accounted to: its resource's ``service.name``."""
+    name = span.resource.get("service.name")
+    return name if isinstance(name, str) else UNKNOWN_SENDER
+
+
+class _Sender:
+    """One sender's pending traces (first-seen order) and their estimated bytes."""
+
+    __slots__ = ("traces", "nbytes")
+
+    def __init__(self) -> None:
+        self.traces: dict[str, _Trace] = {}
+        self.nbytes = 0
+
 
 class _Trace:
     """A pending trace: its nodes and what its readiness waits for."""
 
-    __slots__ = ("trace_id", "nodes", "waiting", "bad_tops", "first_seen", "last_seen")
+    __slots__ = ("trace_id", "nodes", "waiting", "bad_tops", "first_seen", "last_seen",
+                 "sender", "nbytes")
 
-    def __init__(self, trace_id: str, now: float) -> None:
+    def __init__(self, trace_id: str, now: float, sender: str = UNKNOWN_SENDER) -> None:
         self.trace_id = trace_id
+        self.sender = sender
+        self.nbytes = TRACE_BYTES
         self.nodes: dict[str, Node] = {}
         #: parent span id not yet arrived -> children waiting for it
         self.waiting: dict[str, list[str]] = {}
@@ -97,7 +163,10 @@ class Assembler:
     max_age_s:
         Age at which any trace closes.
     max_pending_traces:
-        Open traces kept; the oldest is evicted above it.
+        Open traces kept; above it a trace is evicted, fairly per sender.
+    max_pending_bytes:
+        Estimated bytes of the pending traces (:func:`node_bytes`) kept; above it traces
+        are evicted, fairly per sender. None: no byte limit (offline assembly).
     max_spans_per_trace:
         Spans kept per trace; more are dropped (``trace_too_large``).
     counters:
@@ -125,7 +194,8 @@ class Assembler:
                  rules: ContractRules | None = None,
                  score_threshold: float = DEFAULT_SCORE_THRESHOLD,
                  closed_lru_size: int = 50_000, include_generic_steps: bool = False,
-                 keep_non_genai: bool = False) -> None:
+                 keep_non_genai: bool = False,
+                 max_pending_bytes: int | None = DEFAULT_MAX_PENDING_BYTES) -> None:
         for name, value in (("grace_s", grace_s), ("max_age_s", max_age_s)):
             if not value >= 0:
                 raise ValueError(f"Assembler: {name} must be >= 0 seconds, got {value!r}")
@@ -134,10 +204,15 @@ class Assembler:
                              ("closed_lru_size", closed_lru_size)):
             if ivalue < 1:
                 raise ValueError(f"Assembler: {name} must be >= 1, got {ivalue!r}")
+        if max_pending_bytes is not None and max_pending_bytes < TRACE_BYTES + SPAN_BYTES:
+            raise ValueError("Assembler: max_pending_bytes must be None or at least "
+                             f"{TRACE_BYTES + SPAN_BYTES} (one span), got "
+                             f"{max_pending_bytes!r}")
         self.clock = clock
         self.grace_s = grace_s
         self.max_age_s = max_age_s
         self.max_pending_traces = max_pending_traces
+        self.max_pending_bytes = max_pending_bytes
         self.max_spans_per_trace = max_spans_per_trace
         self.counters = counters if counters is not None else IngestCounters()
         self.on_run = on_run
@@ -152,6 +227,8 @@ class Assembler:
         self._pending: dict[str, _Trace] = {}  # first-seen order
         self._idle: OrderedDict[str, _Trace] = OrderedDict()  # last-seen order
         self._closed: OrderedDict[str, None] = OrderedDict()
+        self._senders: dict[str, _Sender] = {}
+        self._bytes = 0
         self._out: list[Run] = []
         self._logged_bad = False
 
@@ -159,6 +236,17 @@ class Assembler:
     def pending_traces(self) -> int:
         """Traces currently open."""
         return len(self._pending)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Estimated bytes held by the open traces (see :func:`node_bytes`)."""
+        return self._bytes
+
+    def sender_usage(self) -> dict[str, tuple[int, int]]:
+        """Pending traces and estimated bytes per sender."""
+        with self._lock:
+            return {name: (len(snd.traces), snd.nbytes)
+                    for name, snd in self._senders.items()}
 
     def add(self, spans: list[SpanRecord]) -> None:
         """Take a batch of spans (any order, any trace mix). Never raises for bad spans."""
@@ -176,11 +264,18 @@ class Assembler:
                     if tid in self._closed:
                         counters.add_dropped("late_span")
                         continue
+                    sender = sender_of(span)
                     if len(pending) >= self.max_pending_traces:
-                        self._evict_oldest()
-                    tr = _Trace(tid, now)
+                        self._evict(sender, by_bytes=False)
+                    tr = _Trace(tid, now, sender)
                     pending[tid] = tr
                     idle[tid] = tr
+                    snd = self._senders.get(sender)
+                    if snd is None:
+                        snd = self._senders[sender] = _Sender()
+                    snd.traces[tid] = tr
+                    snd.nbytes += TRACE_BYTES
+                    self._bytes += TRACE_BYTES
                 sid = span.span_id
                 if sid in tr.nodes:
                     counters.add_dropped("duplicate_span")
@@ -203,6 +298,13 @@ class Assembler:
                 tr.add(node)
                 tr.last_seen = now
                 idle.move_to_end(tid)
+                size = node_bytes(node)
+                tr.nbytes += size
+                self._senders[tr.sender].nbytes += size
+                self._bytes += size
+                limit = self.max_pending_bytes
+                while limit is not None and self._bytes > limit and pending:
+                    self._evict(tr.sender, by_bytes=True)
 
     def poll(self) -> list[Run]:
         """Close the traces due at ``clock()``; return every run closed since the last call."""
@@ -232,14 +334,54 @@ class Assembler:
             out, self._out = self._out, []
         return out
 
-    def _evict_oldest(self) -> None:
-        tid = next(iter(self._pending))
-        self.counters.add_dropped("evicted_trace")
+    def _evict(self, arriving: str, by_bytes: bool) -> None:
+        """Close one pending trace to make room for ``arriving``'s span (see the module
+        docstring: the arriving sender's own oldest when it is above its share, else the
+        oldest trace of a sender above its share)."""
+        senders = self._senders
+        n = len(senders) + (arriving not in senders)
+        if by_bytes:
+            assert self.max_pending_bytes is not None
+            share = self.max_pending_bytes / n
+
+            def usage(snd: _Sender) -> float:
+                return snd.nbytes
+        else:
+            share = self.max_pending_traces / n
+
+            def usage(snd: _Sender) -> float:
+                return len(snd.traces)
+        own = senders.get(arriving)
+        victim: _Sender | None = None
+        if own is not None and own.traces and (usage(own) + (not by_bytes) > share):
+            victim = own
+        else:
+            for i, tr in enumerate(self._pending.values()):
+                if i >= _VICTIM_WALK:
+                    break
+                snd = senders[tr.sender]
+                if usage(snd) > share:
+                    victim = snd
+                    break
+            if victim is None:  # none among the oldest: the heaviest sender
+                victim = max(senders.values(), key=usage)
+        tid = next(iter(victim.traces))
+        if n > 1 and usage(victim) + (victim is own and not by_bytes) > share:
+            reason = "sender_quota"
+        else:
+            reason = "pending_bytes" if by_bytes else "evicted_trace"
+        self.counters.add_dropped(reason)
         self._close(tid, "evicted")
 
     def _close(self, tid: str, why: str) -> None:
         tr = self._pending.pop(tid)
         self._idle.pop(tid, None)
+        snd = self._senders[tr.sender]
+        del snd.traces[tid]
+        snd.nbytes -= tr.nbytes
+        self._bytes -= tr.nbytes
+        if not snd.traces:
+            del self._senders[tr.sender]
         self._closed[tid] = None
         if len(self._closed) > self.closed_lru_size:
             self._closed.popitem(last=False)
@@ -275,7 +417,8 @@ def assemble_all(spans: Iterable[SpanRecord], rules: ContractRules | None = None
     exceed the number of traces (evictions are counted in ``counters``).
     """
     asm = Assembler(clock=lambda: 0.0, max_pending_traces=max_pending_traces,
-                    counters=counters, rules=rules, score_threshold=score_threshold)
+                    counters=counters, rules=rules, score_threshold=score_threshold,
+                    max_pending_bytes=None)
     batch: list[SpanRecord] = []
     for span in spans:
         batch.append(span)

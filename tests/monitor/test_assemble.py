@@ -604,3 +604,119 @@ def test_a_langgraph_node_waits_for_its_graph_before_the_trace_closes() -> None:
     clock.t += 10
     (run,) = asm.poll()
     assert run.root_span_id == root.span_id and len(run.steps) == 1
+
+
+# -- per-sender quotas and the byte budget -------------------------------------------------
+
+
+def _orphans(service: str, n: int, seed: int, spans_per_trace: int = 1) -> list[SpanRecord]:
+    """``n`` traces of orphan LLM spans (their parent never arrives: never ready)."""
+    rng = random.Random(f"orphans-{seed}")  # never the SpanFactory's ids
+    out = []
+    for _ in range(n):
+        tid = f"{rng.getrandbits(128):032x}"
+        for _ in range(spans_per_trace):
+            out.append(SpanRecord(
+                trace_id=tid, span_id=f"{rng.getrandbits(64):016x}",
+                parent_span_id=f"{rng.getrandbits(64):016x}", name="chat gpt-4o",
+                start_ns=1, end_ns=2,
+                attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+                            "gen_ai.output.messages": "x" * 8000},
+                resource={"service.name": service}))
+    return out
+
+
+def _runs_of(service: str, agent: str, n: int, seed: int) -> list[list[SpanRecord]]:
+    f = SpanFactory(seed=seed, service_name=service)
+    return [f.agent_run(tool_agent(name=agent), "genai") for _ in range(n)]
+
+
+def test_an_orphan_flood_evicts_only_its_own_sender_traces() -> None:
+    clock, c = FakeClock(), IngestCounters()
+    asm = Assembler(clock=clock, grace_s=1.0, max_pending_traces=100, counters=c)
+    good = _runs_of("good-svc", "good-agent", 30, seed=3)
+    for i, run in enumerate(good):  # interleaved with a flood 20 times the trace limit
+        asm.add(run)
+        asm.add(_orphans("flood-svc", 70, seed=i))
+    usage = asm.sender_usage()
+    assert usage["good-svc"][0] == 30 and asm.pending_traces == 100
+    assert c.dropped["sender_quota"] == 30 * 70 + 30 - 100 and c.dropped["evicted_trace"] == 0
+    clock.t += 2
+    runs = asm.poll()
+    assert sorted(r.key.agent for r in runs) == ["good-agent"] * 30
+
+
+def test_a_sender_within_its_share_takes_the_place_of_one_above_it() -> None:
+    c = IngestCounters()
+    asm = Assembler(clock=FakeClock(), max_pending_traces=10, counters=c)
+    asm.add(_orphans("flood-svc", 10, seed=1))  # alone: entitled to everything
+    assert c.dropped == {}
+    for i, run in enumerate(_runs_of("good-svc", "good-agent", 5, seed=2)):
+        asm.add(run)  # each takes the place of the flood's oldest
+        assert asm.sender_usage()["good-svc"][0] == i + 1
+    assert asm.sender_usage() == {"flood-svc": (5, asm.sender_usage()["flood-svc"][1]),
+                                  "good-svc": (5, asm.sender_usage()["good-svc"][1])}
+    assert c.dropped["sender_quota"] == 5
+    asm.add(_runs_of("good-svc", "good-agent", 1, seed=4)[0])  # now above its share: its own
+    assert asm.sender_usage()["good-svc"][0] == 5 and c.dropped["sender_quota"] == 6
+
+
+def test_one_sender_alone_evicts_its_oldest_as_before() -> None:
+    c = IngestCounters()
+    asm = Assembler(clock=FakeClock(), max_pending_traces=3, counters=c)
+    for run in _runs_of("svc", "a", 5, seed=1):
+        asm.add(run)
+    assert c.dropped == {"evicted_trace": 2}
+
+
+def test_pending_bytes_are_bounded_fairly_per_sender() -> None:
+    c = IngestCounters()
+    budget = 2 << 20
+    asm = Assembler(clock=FakeClock(), max_pending_traces=100_000, counters=c,
+                    max_pending_bytes=budget)
+    good = _runs_of("good-svc", "good-agent", 50, seed=7)
+    for i, run in enumerate(good):
+        asm.add(run)
+        asm.add(_orphans("flood-svc", 20, seed=100 + i, spans_per_trace=10))
+        assert asm.pending_bytes <= budget
+    assert asm.sender_usage()["good-svc"][0] == 50
+    assert c.dropped["sender_quota"] > 0 and asm.pending_bytes > budget * 0.9
+    assert sorted(r.key.agent for r in asm.flush()) == ["good-agent"] * 50
+
+
+def test_pending_bytes_alone_are_counted_as_pending_bytes() -> None:
+    c = IngestCounters()
+    asm = Assembler(clock=FakeClock(), counters=c, max_pending_bytes=1 << 20)
+    asm.add(_orphans("flood-svc", 400, seed=1, spans_per_trace=5))
+    assert asm.pending_bytes <= 1 << 20 and c.dropped["pending_bytes"] > 0
+    assert asm.pending_traces < 400 and "sender_quota" not in c.dropped
+    asm.flush()
+    assert asm.pending_bytes == 0 and asm.sender_usage() == {}
+
+
+def test_pending_bytes_estimate_follows_the_measured_memory() -> None:
+    """The estimate (node_bytes + TRACE_BYTES) is an upper bound of what tracemalloc sees,
+    and not a loose one: realistic runs of every dialect and a flood of orphan spans."""
+    import gc
+    import tracemalloc
+
+    cases = {d: [SpanFactory(seed=i, service_name=f"svc{i % 3}").agent_run(
+        rich_script(), d) for i in range(300)] for d in DIALECTS}
+    cases["orphans"] = [_orphans("flood-svc", 3000, seed=5)]
+    for name, batches in cases.items():
+        asm = Assembler(clock=FakeClock(), max_pending_traces=10**6, max_pending_bytes=None)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for b in batches:
+                asm.add(b)
+            gc.collect()
+            real, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert real * 0.95 <= asm.pending_bytes <= real * 1.6, (name, real, asm.pending_bytes)
+
+
+def test_max_pending_bytes_is_validated() -> None:
+    with pytest.raises(ValueError, match="max_pending_bytes"):
+        Assembler(max_pending_bytes=10)
