@@ -10,8 +10,10 @@ become labels.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +31,8 @@ COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
 VERDICT_TESTS = ("pass_rate", "fingerprint", "sprt")
 RECEIVERS = ("otlp_grpc", "otlp_http")
 
+logger = logging.getLogger(__name__)
+
 
 @functools.lru_cache(maxsize=65_536)
 def _wilson95(k: int, n: int) -> tuple[float, float]:
@@ -45,20 +49,99 @@ class MonitorCollector(Collector):
 
     ``lock`` is the lock the pipeline holds while it mutates the engine; ``pending`` reports
     the number of open traces in the assembler.
+
+    **A scrape never waits on the pipeline.** The stream families (and the engine's
+    dropped counts) are read under ``lock`` into a *snapshot*; ``collect`` serves the
+    newest snapshot. A scrape tries to refresh it, waiting at most ``scrape_wait_s`` for
+    the lock; when the pipeline holds it longer (overload, a long batch), the scrape
+    answers from the last snapshot and a background thread keeps trying (each attempt
+    waits up to ``refresh_wait_s``) so the next scrape finds a fresh one. The edge
+    counters (received, rejected, sanitised, the assembler's drops) and the pending-trace
+    count are read live, without the pipeline lock.
+
+    Counters never go backwards between scrapes: snapshots are taken one at a time, each
+    later than the one it replaces, and a dropped count is the live counter (monotone)
+    plus the snapshot's engine count (monotone across snapshots).
     """
 
     def __init__(self, engine: Engine, counters: IngestCounters,
                  lock: threading.Lock | threading.RLock | None = None,
-                 pending: Callable[[], int] | None = None) -> None:
+                 pending: Callable[[], int] | None = None,
+                 scrape_wait_s: float = 0.2, refresh_wait_s: float = 2.0) -> None:
+        if not (scrape_wait_s >= 0 and refresh_wait_s >= 0):
+            raise ValueError("MonitorCollector: scrape_wait_s and refresh_wait_s must be >= 0 "
+                             f"seconds, got {scrape_wait_s!r}, {refresh_wait_s!r}")
         self.engine = engine
         self.counters = counters
         self.lock = lock or threading.RLock()
         self.pending = pending or (lambda: 0)
+        self.scrape_wait_s = scrape_wait_s
+        self.refresh_wait_s = refresh_wait_s
+        #: (monotonic time taken, stream families, engine dropped counts), or None
+        self._snapshot: tuple[float, list[Metric], dict[str, int]] | None = None
+        self._refreshing = threading.Lock()  # one refresh at a time: snapshots only advance
+        self._wanted = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def describe(self) -> list[Metric]:  # no registration-time collect()
         return []
 
+    # -- the snapshot ---------------------------------------------------------------------
+    def refresh(self, wait_s: float) -> bool:
+        """Take a new snapshot if the pipeline lock is free within ``wait_s`` seconds."""
+        if not self._refreshing.acquire(timeout=wait_s):
+            return False  # another refresh is running: its snapshot will do
+        try:
+            if not self.lock.acquire(timeout=wait_s):
+                return False
+            try:
+                families = list(self._stream_families())
+                dropped = dict(self.engine.dropped)
+            finally:
+                self.lock.release()
+            self._snapshot = (time.monotonic(), families, dropped)
+            return True
+        finally:
+            self._refreshing.release()
+
+    def snapshot_age(self) -> float | None:
+        """Seconds since the served snapshot was taken (None before the first)."""
+        snap = self._snapshot
+        return None if snap is None else time.monotonic() - snap[0]
+
+    def start(self) -> None:
+        """Start the background thread that retries a refresh a scrape could not make."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._refresh_loop, daemon=True,
+                                            name="assaywatch-metrics-snapshot")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.refresh_wait_s + 1)
+            self._thread = None
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wanted.wait()
+            if self._stop.is_set():
+                return
+            try:
+                if self.refresh(self.refresh_wait_s):
+                    self._wanted.clear()
+            except Exception:  # never let a bad stream stop the metrics
+                logger.exception("metrics snapshot failed")
+                self._wanted.clear()
+                self._stop.wait(1.0)
+
+    # -- exposition -----------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
+        if not self.refresh(self.scrape_wait_s):
+            self._wanted.set()  # the background thread takes one as soon as it can
+        snap = self._snapshot
         received, rejected, dropped = self.counters.snapshot()
         fam = CounterMetricFamily("assaywatch_spans_received",
                                   "Spans accepted by each receiver.", labels=["receiver"])
@@ -79,21 +162,21 @@ class MonitorCollector(Collector):
         for (rec, reason), v in sorted(self.counters.sanitised_snapshot().items()):
             fam.add_metric([rec, reason], v)
         yield fam
-        with self.lock:
-            all_dropped = dict(dropped)
-            for reason, v in self.engine.dropped.items():
+        all_dropped = dict(dropped)
+        if snap is not None:
+            yield from snap[1]
+            for reason, v in snap[2].items():
                 all_dropped[reason] = all_dropped.get(reason, 0) + v
-            pending = self.pending()
-            yield from self._stream_families()
         fam = CounterMetricFamily("assaywatch_spans_dropped",
                                   "Spans or runs discarded after the edge, by reason "
-                                  "(late_span, evicted_trace, stream_limit, ...).",
+                                  "(late_span, evicted_trace, sender_quota, pending_bytes, "
+                                  "stream_limit, ...).",
                                   labels=["reason"])
         for reason, v in sorted(all_dropped.items()):
             fam.add_metric([reason], v)
         yield fam
         g = GaugeMetricFamily("assaywatch_pending_traces", "Traces waiting to be assembled.")
-        g.add_metric([], pending)
+        g.add_metric([], self.pending())
         yield g
         g = GaugeMetricFamily("assaywatch_build_info", "Build information.", labels=["version"])
         g.add_metric([assaywatch.__version__], 1)

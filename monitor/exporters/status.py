@@ -21,6 +21,11 @@ small JSON API (``GET /api/streams``, ``POST /api/rebaseline``).
 Every state change is a line of the event log (``exporters/events.py``, in the state dir)
 and a log record, with the caller's token id (a SHA-256 prefix) and remote address.
 
+**Reading never waits on the pipeline**: ``/metrics`` is rendered from a snapshot of the
+streams' state (``MonitorCollector``: refreshed when the pipeline lock is free within
+0.2 s, else served as last taken while a background thread retries), and the page and
+``GET /api/streams`` fall back to the summaries last read after 0.5 s.
+
 The port runs on :class:`~assaywatch.monitor.receivers.otlp.http_server.HardenedHTTPServer`
 (64 connections, a 60 s deadline per request, a 128 backlog). A label value that cannot be
 encoded as UTF-8 (a lone surrogate in a stream kept from an older version, say) is
@@ -65,6 +70,9 @@ TOKEN_FILE = "api-token"
 MAX_API_BODY = 64 * 1024
 #: Longest agent / version / scenario accepted by the API (as at the OTLP edge).
 _MAX_KEY_CHARS = 256
+#: Longest wait for the pipeline lock before the page and ``GET /api/streams`` answer
+#: with the summaries last read.
+PAGE_LOCK_WAIT_S = 0.5
 
 logger = logging.getLogger(__name__)
 
@@ -240,9 +248,13 @@ class StatusServer:
                  policy: AccessPolicy | None = None) -> None:
         self.monitor = monitor
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(MonitorCollector(
-            monitor.engine, monitor.counters, monitor.pipeline.lock,
-            monitor.pipeline.pending_traces))
+        self.collector = MonitorCollector(monitor.engine, monitor.counters,
+                                          monitor.pipeline.lock,
+                                          monitor.pipeline.pending_traces)
+        self.registry.register(self.collector)
+        #: the last stream summaries read (served when the pipeline lock stays busy)
+        self._summaries: list[dict[str, Any]] = []
+        self._summaries_lock = threading.Lock()
         if policy is None:
             config = getattr(monitor, "config", None)
             policy = AccessPolicy.from_env(getattr(config, "state_dir", None) or None, host)
@@ -252,6 +264,7 @@ class StatusServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
+        self.collector.start()
         self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         name="assaywatch-status", daemon=True)
         self._thread.start()
@@ -260,11 +273,22 @@ class StatusServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.collector.stop()
 
     def summaries(self) -> list[dict[str, Any]]:
+        """Per-stream summaries for the page and ``/api/streams``: read under the pipeline
+        lock when it is free within :data:`PAGE_LOCK_WAIT_S`, else the last ones read (a
+        person's page, like a scrape, never waits on an overloaded pipeline)."""
         hold = self.monitor.engine.config.alarm_hold_runs
-        with self.monitor.pipeline.lock:
-            return [stream_summary(st, hold) for st in self.monitor.engine.streams()]
+        lock = self.monitor.pipeline.lock
+        with self._summaries_lock:
+            if lock.acquire(timeout=PAGE_LOCK_WAIT_S):
+                try:
+                    self._summaries = [stream_summary(st, hold)
+                                       for st in self.monitor.engine.streams()]
+                finally:
+                    lock.release()
+            return list(self._summaries)
 
 
 class _Handler(DeadlineRequestHandler):
