@@ -67,6 +67,7 @@ Siegmund, D. (1985). Sequential Analysis: Tests and Confidence Intervals. Spring
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -244,12 +245,36 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
 
 def _pass_rate(data: BaselineData, delta: float, arl0: float, conf: float
                ) -> tuple[float, float]:
+    """(h, p0) of the pass-rate CUSUM (:func:`_pass_rate_exact`, cached by its sufficient
+    inputs)."""
+    out = _pass_rate_exact(int(data.passes), int(data.fails), float(delta), float(arl0),
+                           float(conf))
+    if isinstance(out, str):
+        raise ValueError(out)
+    return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _pass_rate_exact(passes: int, fails: int, delta: float, arl0: float, conf: float
+                     ) -> tuple[float, float] | str:
+    """The pass-rate threshold depends on the baseline only through its passes and fails:
+    the key is exact, and a monitor whose streams learn from the same number of runs sees
+    at most ``learn_runs + 1`` keys per configuration (0.05-0.3 s each uncached, the larger
+    part of a calibration). A failure is cached as its message."""
+    try:
+        return _pass_rate_uncached(passes, fails, delta, arl0, conf)
+    except ValueError as exc:
+        return str(exc)
+
+
+def _pass_rate_uncached(passes: int, fails: int, delta: float, arl0: float, conf: float
+                        ) -> tuple[float, float]:
     """(h, p0) of the pass-rate CUSUM: h keeps ``arl0`` at the adverse posterior quantile
     q of the pass rate (exact, ``calibration``); the design rate p0 is chosen on a grid
     between q and the Jeffreys estimate to minimise the delay at a drop of ``delta`` from
     the estimate (a small baseline's chart designed for its point estimate needs a large h
     to survive q; one designed nearer q needs less and detects sooner)."""
-    n, x = data.passes + data.fails, data.passes
+    n, x = passes + fails, passes
     p_hat = (x + 0.5) / (n + 1.0)
     q = float(stats.beta.ppf(1.0 - conf, x + 0.5, n - x + 0.5))
     best: tuple[float, float, float] | None = None

@@ -35,6 +35,15 @@ Thresholds are calibrated once per baseline by the pure function ``calibrate`` (
 the baseline id): on a reservoir sample of ``calibration_runs`` of the runs a learned
 baseline was built from, on samples given to the engine, else on Gaussian draws with the
 baseline's mean and covariance (a file baseline carries no runs).
+
+Calibration off the hot path (``engine/calibration.py``): given a ``calibrator``, a freeze
+submits the calibration to a worker process and the stream says ``calibrating`` while its
+runs are buffered in order (at most ``calibration_buffer_runs``; beyond, counted in
+``dropped["calibration_buffer"]``); :meth:`Engine.apply_calibrations` (the pipeline thread
+calls it) builds the detectors with the thresholds and feeds them the buffered runs, so
+alarms and run indices are those of an inline calibration. Without a calibrator
+(``assaywatch replay``) calibration is inline. Thresholds are cached by their inputs and
+kept in the checkpoint (:meth:`Engine.checkpoint_state`).
 """
 
 from __future__ import annotations
@@ -42,9 +51,12 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
+import time
 import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -57,7 +69,6 @@ from assaywatch.analyzers.detectors.bootstrap import (
     BaselineData,
     CalibrationSettings,
     Thresholds,
-    calibrate,
 )
 from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
 from assaywatch.analyzers.fingerprint import feature_names, fingerprint
@@ -66,6 +77,13 @@ from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.sprt import WarmStartSPRT
 from assaywatch.analyzers.verdicts import regression_verdict, sample_size, wilson_interval
 from assaywatch.monitor.config import DetectorConfig
+from assaywatch.monitor.engine.calibration import (
+    CalibrationJob,
+    CalibrationWorker,
+    ThresholdCache,
+    cache_key,
+    run_job,
+)
 from assaywatch.monitor.engine.streams import AlarmEvent, StreamState, close_order
 
 logger = logging.getLogger(__name__)
@@ -87,6 +105,10 @@ class Engine:
         Optional fingerprints (rows = runs, columns = the baseline's features) of the runs
         a file baseline was built from, by baseline id: its thresholds are then calibrated
         on them rather than on Gaussian draws.
+    calibrator:
+        Runs calibrations off the caller's thread (module docstring); None: inline.
+    calibration_buffer_runs:
+        Most runs buffered per calibrating stream.
     """
 
     def __init__(
@@ -96,11 +118,23 @@ class Engine:
         on_alarm: Callable[[AlarmEvent], None] | None = None,
         max_streams: int = 1_000,
         baseline_samples: dict[str, np.ndarray] | None = None,
+        calibrator: CalibrationWorker | None = None,
+        calibration_buffer_runs: int = 20_000,
     ) -> None:
         self.config = config or DetectorConfig()
         self._samples = dict(baseline_samples or {})
-        #: baseline id -> calibrated thresholds (a new version reuses its predecessor's)
-        self._thresholds: dict[str, Thresholds] = {}
+        #: calibrated thresholds by their inputs (a new version reuses its predecessor's)
+        self._thresholds = ThresholdCache()
+        self.calibrator = calibrator
+        self.calibration_buffer_runs = calibration_buffer_runs
+        #: calibrations: ``computed`` (run here or in a worker), ``cached`` (reused)
+        self.calibrations: Counter[str] = Counter()
+        #: cache key -> the submitted job's future, and the streams waiting for it
+        self._pending: dict[Any, Future[Thresholds]] = {}
+        self._waiting: dict[Any, list[StreamState]] = {}
+        #: streams whose thresholds arrived, to be applied (in order of arrival)
+        self._arrived: deque[tuple[StreamState, Thresholds]] = deque()
+        self._ready = threading.Event()
         self.on_alarm = on_alarm
         self.max_streams = max_streams
         self.dropped: Counter[str] = Counter()
@@ -118,6 +152,12 @@ class Engine:
     def stream(self, key: StreamKey) -> StreamState | None:
         return self._streams.get(key)
 
+    @property
+    def calibration_backlog(self) -> int:
+        """Streams whose baseline froze and whose detectors await their thresholds
+        (submitted, running, queued in the worker, or arrived and not yet applied)."""
+        return sum(len(w) for w in self._waiting.values()) + len(self._arrived)
+
     # -- feeding ---------------------------------------------------------------------
     def process(self, run: Run) -> list[AlarmEvent]:
         """Account one closed run; return the alarms it raised."""
@@ -131,6 +171,12 @@ class Engine:
         st.outcomes[run.outcome.value] += 1
         if not st.first_run_id:
             st.first_run_id = run.run_id
+        if st.calibrating:
+            if len(st.pending_runs) < self.calibration_buffer_runs:
+                st.pending_runs.append((run, st.n_runs))
+            else:
+                self.dropped["calibration_buffer"] += 1
+            return []
         if st.baseline is None:
             assert st.builder is not None
             st.builder.add(run)
@@ -181,8 +227,19 @@ class Engine:
             self._latest_frozen[(base.key.agent, base.key.scenario)] = base
         sample = self._learned_sample(st, base) if origin == "learned" else None
         st.sample, st.sample_tools = [], []
-        st.thresholds = self._calibrate(base, sample)
-        self._build_detectors(st)
+        job = self._calibration_job(base, sample)
+        th = self._thresholds.get(job.key)
+        if th is not None:
+            self.calibrations["cached"] += 1
+        elif self.calibrator is None and job.key not in self._pending:
+            th = self._computed(job, run_job(job))
+        if th is not None:
+            st.thresholds = th
+            self._build_detectors(st)
+            return
+        st.calibrating = True
+        st.calibration_job = job
+        self._submit(st, job)
 
     # -- calibration -----------------------------------------------------------------
     def _keep_sample(self, st: StreamState, run: Run) -> None:
@@ -214,17 +271,17 @@ class Engine:
                 out[:, j] = rows[:, col[name]]
         return out
 
-    def _calibrate(self, base: Baseline, sample: np.ndarray | None) -> Thresholds:
-        cached = self._thresholds.get(base.baseline_id)
-        if cached is not None and sample is None:
-            return cached
+    def _calibration_job(self, base: Baseline, sample: np.ndarray | None) -> CalibrationJob:
         cfg = self.config
         seed = int(base.baseline_id, 16) if base.baseline_id else 0
+        source = "learned"
         if sample is None:
             sample = self._samples.get(base.baseline_id)
+            source = "given"
         if sample is None:
             sample = _gaussian_sample(base, min(max(base.n_runs, 2), cfg.calibration_runs),
                                       seed)
+            source = "gaussian"
         shares = {k: float(v) for k, v in cfg.alarm_shares.items()
                   if k in cfg.detectors and v > 0}
         settings = CalibrationSettings(
@@ -233,13 +290,132 @@ class Engine:
         data = BaselineData(mean=base.mean, cov=base.cov, n_runs=max(2, base.n_runs),
                             passes=base.passes, fails=base.fails, sample=sample,
                             feature_names=base.feature_names)
-        try:
-            th = calibrate(data, settings, seed)
-        except (ValueError, np.linalg.LinAlgError) as exc:
-            logger.warning("%s: calibration failed: %s", base.key, exc)
-            th = Thresholds(None, None, disabled={"cusum_fingerprint": str(exc)})
-        self._thresholds[base.baseline_id] = th
+        # A learned baseline and one given samples are calibrated on their runs: a later
+        # stream on the same baseline id without runs (a new version) reuses that result.
+        key = self._known_key(base.baseline_id, settings) if source == "gaussian" else None
+        return CalibrationJob(
+            key=key or cache_key(base.baseline_id, source, settings, int(sample.shape[0])),
+            data=data, settings=settings, seed=seed, label=str(base.key))
+
+    def _known_key(self, baseline_id: str, settings: CalibrationSettings) -> Any:
+        """The key of a calibration of this baseline on its runs, cached or pending."""
+        probe = cache_key(baseline_id, "", settings, 0)
+        for key in list(self._pending) + [k for k, _ in self._thresholds.items()]:
+            if (isinstance(key, tuple) and key[0] == baseline_id and key[1] != "gaussian"
+                    and key[3:] == probe[3:]):
+                return key
+        return None
+
+    def _computed(self, job: CalibrationJob, th: Thresholds) -> Thresholds:
+        self.calibrations["computed"] += 1
+        self._thresholds.put(job.key, th)
         return th
+
+    def _submit(self, st: StreamState, job: CalibrationJob) -> None:
+        waiting = self._waiting.setdefault(job.key, [])
+        waiting.append(st)
+        if job.key in self._pending:
+            return  # the same baseline is being calibrated for another stream
+        if self.calibrator is None:
+            fut: Future[Thresholds] = Future()
+            fut.set_result(run_job(job))
+        else:
+            fut = self.calibrator.submit(job)
+        self._pending[job.key] = fut
+        fut.add_done_callback(lambda _f: self._ready.set())
+
+    def calibrations_ready(self) -> bool:
+        """True when thresholds arrived that :meth:`apply_calibrations` has not applied
+        (lock-free: the pipeline thread checks it before taking its lock)."""
+        return self._ready.is_set() or bool(self._arrived)
+
+    def apply_calibrations(self, budget_s: float | None = None) -> list[AlarmEvent]:
+        """Build the detectors of the streams whose thresholds arrived and feed them
+        their buffered runs, in order; stop after ``budget_s`` seconds (between two
+        streams) and leave the rest for the next call. Returns the alarms raised."""
+        self._ready.clear()
+        for key in [k for k, f in self._pending.items() if f.done()]:
+            fut = self._pending.pop(key)
+            streams = self._waiting.pop(key, [])
+            try:
+                th = fut.result()
+            except Exception as exc:  # a dead worker: the stream says why
+                logger.error("calibration failed: %r", exc)
+                th = Thresholds(None, None, disabled={
+                    "cusum_pass_rate": f"calibration failed: {exc!r}",
+                    "cusum_fingerprint": f"calibration failed: {exc!r}"})
+            else:
+                self.calibrations["computed"] += 1
+                self._thresholds.put(key, th)
+            self._arrived.extend((st, th) for st in streams)
+        events: list[AlarmEvent] = []
+        t0 = time.perf_counter()
+        while self._arrived:
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                break
+            stream, th = self._arrived.popleft()
+            if not stream.calibrating or self._streams.get(stream.key) is not stream:
+                continue  # re-baselined meanwhile
+            events.extend(self._finish(stream, th))
+        return events
+
+    def wait_calibrations(self, timeout: float | None = None) -> list[AlarmEvent]:
+        """Wait for every submitted calibration and apply them all (``replay`` semantics
+        for an engine with a worker; tests; a graceful stop)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        events: list[AlarmEvent] = []
+        while self._pending or self._arrived:
+            for fut in list(self._pending.values()):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    fut.exception(timeout=left)
+                except TimeoutError:
+                    break
+            events.extend(self.apply_calibrations())
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return events
+
+    def _finish(self, st: StreamState, th: Thresholds) -> list[AlarmEvent]:
+        st.thresholds = th
+        st.calibrating = False
+        st.calibration_job = None
+        self._build_detectors(st)
+        events: list[AlarmEvent] = []
+        buffered, st.pending_runs = st.pending_runs, deque()
+        for run, stream_run in buffered:
+            events.extend(self._monitor(st, run, stream_run))
+        return events
+
+    # -- checkpoint ------------------------------------------------------------------
+    def checkpoint_state(self) -> tuple[Any, ...]:
+        """What the service's checkpoint pickles: the streams (a calibrating one with its
+        job and buffered runs), the latest frozen baselines, the drop counts and the
+        calibrated thresholds."""
+        return (dict(self._streams), dict(self._latest_frozen), dict(self.dropped),
+                self._thresholds)
+
+    def restore_state(self, state: tuple[Any, ...]) -> None:
+        """Load :meth:`checkpoint_state` (a 3-tuple from before the thresholds were kept
+        is accepted); a stream that was calibrating is calibrated again only when its
+        thresholds are not in the restored cache."""
+        streams, latest, dropped = state[:3]
+        self._streams.update(streams)
+        self._latest_frozen.update(latest)
+        self.dropped.update(dropped)
+        if len(state) > 3 and isinstance(state[3], ThresholdCache):
+            for key, th in state[3].items():
+                self._thresholds.put(key, th)
+        for st in self._streams.values():
+            job = st.calibration_job
+            if not st.calibrating or job is None:
+                continue
+            th = self._thresholds.get(job.key)
+            if th is not None:
+                self.calibrations["cached"] += 1
+                self._arrived.append((st, th))
+            else:
+                self._submit(st, job)
 
     def _build_detectors(self, st: StreamState) -> None:
         base = st.baseline
@@ -309,7 +485,8 @@ class Engine:
             n_max=cfg.sprt_max_runs, prior_passes=base.passes,
             prior_runs=base.passes + base.fails, same_version=same)
 
-    def _monitor(self, st: StreamState, run: Run) -> list[AlarmEvent]:
+    def _monitor(self, st: StreamState, run: Run,
+                 stream_run: int | None = None) -> list[AlarmEvent]:
         base = st.baseline
         assert base is not None
         cfg = self.config
@@ -367,7 +544,7 @@ class Engine:
                                          "moved": _moved(name, evidence)}
                 events.append(AlarmEvent(
                     key=st.key, detector=name, run_index=st.monitored_runs,
-                    stream_run=st.n_runs,
+                    stream_run=st.n_runs if stream_run is None else stream_run,
                     run_id=run.run_id, first_run_id=st.first_run_id,
                     baseline_id=base.baseline_id,
                     evidence={**_jsonable(evidence), "baseline_runs": base.n_runs,

@@ -18,6 +18,7 @@ from assaywatch.analyzers.coverage import CoverageTracker
 from assaywatch.analyzers.detectors.bootstrap import Thresholds
 from assaywatch.analyzers.model import Run, StreamKey, Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
+from assaywatch.monitor.engine.calibration import CalibrationJob
 
 DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
 #: The default budget split (``DetectorConfig.alarm_shares``) gives each alarming detector
@@ -91,6 +92,14 @@ class StreamState:
     #: then ``sample_tools`` in discovery order) for the bootstrap calibration
     sample: list[np.ndarray] = field(default_factory=list)
     sample_tools: list[str] = field(default_factory=list)
+    #: True from the baseline's freeze until its thresholds arrive from the calibration
+    #: worker: the detectors are not built yet and the runs wait in ``pending_runs``
+    calibrating: bool = False
+    #: while calibrating: the submitted job (kept so a restart can resubmit it)
+    calibration_job: CalibrationJob | None = None
+    #: while calibrating: (run, stream run number) in arrival order, fed to the detectors
+    #: when the thresholds arrive
+    pending_runs: deque[tuple[Run, int]] = field(default_factory=deque)
 
     def alarm_active(self, detector: str, hold: int) -> bool:
         if detector == "sprt":

@@ -25,6 +25,7 @@ from typing import Any
 
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.monitor.config import MonitorConfig, parse_hostport
+from assaywatch.monitor.engine.calibration import CalibrationWorker, default_workers
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.exporters.events import EventLog
@@ -76,8 +77,12 @@ class Monitor:
             segment_bytes=config.wal_segment_bytes,
             fsync_seconds=config.wal_fsync_seconds,
         ) if state_dir else None
+        # Baseline freezes are calibrated in worker processes, off the pipeline lock
+        # (engine/calibration.py); the engine buffers a calibrating stream's runs.
+        self.calibrator = CalibrationWorker() if default_workers() > 0 else None
         self.engine = Engine(config.detectors, baselines or [], on_alarm=self._on_alarm,
-                             max_streams=config.limits.max_streams)
+                             max_streams=config.limits.max_streams,
+                             calibrator=self.calibrator)
         self.pipeline = Pipeline(config, self.engine, self.counters, wal=self.wal)
         self.ready = threading.Event()
         self.addresses: dict[str, str] = {}
@@ -113,10 +118,9 @@ class Monitor:
                              "away to start fresh") from None
         eng = saved.get("engine")
         if eng is not None:
-            streams, latest, dropped = eng
-            self.engine._streams.update(streams)
-            self.engine._latest_frozen.update(latest)
-            self.engine.dropped.update(dropped)
+            # streams, latest frozen baselines, drops, calibrated thresholds (a stream
+            # that was calibrating resumes from them, or is submitted again)
+            self.engine.restore_state(eng)
         low: Position = (0, 0)
         acked_end: Position = (0, 0)
         try:
@@ -168,8 +172,7 @@ class Monitor:
             assert isinstance(self.counters, DurableCounters)
             _received, rejected, dropped, sanitised = self.counters.live_snapshot()
             items: dict[str, Any] = {
-                "engine": (dict(self.engine._streams), dict(self.engine._latest_frozen),
-                           dict(self.engine.dropped)),
+                "engine": self.engine.checkpoint_state(),
                 # received = spans written to the log up to acked_end (counters.py)
                 "counters": {"received": acked, "rejected": pairs_to_json(rejected),
                              "dropped": dropped, "sanitised": pairs_to_json(sanitised)},
@@ -202,6 +205,8 @@ class Monitor:
         from assaywatch.monitor.receivers.otlp.grpc_receiver import GrpcReceiver
         from assaywatch.monitor.receivers.otlp.http_receiver import HttpReceiver
 
+        if self.calibrator is not None:
+            self.calibrator.warm_up()
         self.restore()
         if self.wal is not None:
             try:
@@ -271,6 +276,8 @@ class Monitor:
                     self._checkpoint_thread.join(timeout=30)
                 self.checkpoint()
         finally:
+            if self.calibrator is not None:
+                self.calibrator.shutdown()
             if self.wal is not None:
                 self.wal.close()
             for server in self._servers:

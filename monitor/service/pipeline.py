@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 #: in the window (logged).
 MAX_PROCESSED = 200_000
 
+#: Seconds of applying arrived calibrations (building detectors, feeding the runs
+#: buffered meanwhile) per 0.2 s poll: at most a fifth of the pipeline thread.
+CALIBRATION_APPLY_SECONDS = 0.04
+
 _Item = tuple[Position, Position, list[SpanRecord]]
 
 
@@ -143,6 +147,7 @@ class Pipeline:
             if flush:
                 self._process_runs(self.assembler.flush())
             self._prune()
+        self._apply_calibrations(None)
 
     def _loop(self) -> None:
         last_poll = 0.0
@@ -162,6 +167,19 @@ class Pipeline:
                         self._prune()
                 except Exception:
                     logger.exception("pipeline poll failed")
+                self._apply_calibrations(CALIBRATION_APPLY_SECONDS)
+
+    def _apply_calibrations(self, budget_s: float | None) -> None:
+        """Thresholds that arrived from the calibration worker: the streams' detectors
+        are built and fed their buffered runs (``Engine.apply_calibrations``), at most
+        ``budget_s`` seconds of it per call so the lock is never held long."""
+        if not self.engine.calibrations_ready():
+            return
+        try:
+            with self.lock:
+                self.engine.apply_calibrations(budget_s)
+        except Exception:
+            logger.exception("applying calibrations failed")
 
     def _drain_nowait(self) -> None:
         while True:

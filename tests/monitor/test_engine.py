@@ -159,3 +159,61 @@ def test_tiny_perfect_baseline_never_breaks_the_stream() -> None:
     else:
         assert "too small" in st.disabled["cusum_pass_rate"]
     assert "sprt" in st.detectors
+
+
+def _alarm_rows(events: list) -> list[tuple]:
+    return sorted((str(e.key), e.detector, e.run_index, e.stream_run, e.run_id,
+                   e.baseline_id, repr(sorted(e.evidence.items()))) for e in events)
+
+
+def test_worker_calibration_gives_the_inline_alarms_and_run_indices() -> None:
+    """The same runs through an engine calibrating inline and one whose calibrations run
+    in a worker process (runs buffered meanwhile, applied now and then as the pipeline
+    thread does): the same alarms, at the same run indices, with the same evidence."""
+    from assaywatch.monitor.engine.calibration import CalibrationWorker
+
+    rng = np.random.default_rng(11)
+    keys = [StreamKey(f"agent-{i}", "1.0", "refund") for i in range(4)]
+    runs = []
+    for i, key in enumerate(keys):  # learn, then a pass-rate drop or a tool swap
+        runs += simulate_runs(150, rng, key=key, tool_weights=TOOLS)
+        change = ({"pass_rate": 0.6} if i % 2 else
+                  {"tool_weights": {"search": 0.05, "lookup": 0.75, "calc": 0.2}})
+        runs += simulate_runs(200, rng, key=key, **{"tool_weights": TOOLS, **change})
+    # a new version arriving while its predecessor's baseline may still be calibrating
+    runs += simulate_runs(120, rng, key=StreamKey("agent-0", "2.0", "refund"),
+                          tool_weights=TOOLS, pass_rate=0.55)
+    per_key: dict = {}
+    for r in runs:
+        per_key.setdefault(r.key, []).append(r)
+    mixed, cursors = [], dict.fromkeys(per_key, 0)
+    for i in rng.permutation(len(runs)):  # the streams interleaved, each in its order
+        k = runs[i].key
+        mixed.append(per_key[k][cursors[k]])
+        cursors[k] += 1
+
+    inline = Engine(_cfg())
+    expected = _feed(inline, mixed)
+    assert {e.detector for e in expected} >= {"cusum_pass_rate", "cusum_fingerprint"}
+
+    worker = CalibrationWorker(workers=1)
+    try:
+        eng = Engine(_cfg(), calibrator=worker)
+        got, saw_calibrating = [], 0
+        for n, r in enumerate(mixed, 1):
+            got += eng.process(r)
+            saw_calibrating = max(saw_calibrating, eng.calibration_backlog)
+            if n % 97 == 0:
+                got += eng.apply_calibrations(budget_s=0.001)
+        got += eng.wait_calibrations(timeout=60)
+    finally:
+        worker.shutdown()
+    assert saw_calibrating >= 1 and eng.calibration_backlog == 0
+    assert _alarm_rows(got) == _alarm_rows(expected)
+    for st in eng.streams():
+        assert not st.calibrating and not st.pending_runs
+        ref = inline.stream(st.key)
+        assert ref is not None and st.n_runs == ref.n_runs
+        assert st.monitored_runs == ref.monitored_runs
+        assert set(st.detectors) == set(ref.detectors)
+    assert eng.calibrations["computed"] == inline.calibrations["computed"] == 4
