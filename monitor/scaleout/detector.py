@@ -455,16 +455,15 @@ class DetectorWorker:
         clean = False
         try:
             while not self.stop_event.is_set():
-                msgs = self._consumer.consume(num_messages=500, timeout=s.poll_seconds)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() != ck.KafkaError._PARTITION_EOF:
-                            logger.warning("detector: consume error %s", err)
-                        continue
-                    with self.lock:  # per run: a scrape waits for one run, not a batch
-                        self._process(m)
+                msgs = self._consumer.consume(num_messages=100, timeout=s.poll_seconds)
                 with self.lock:
+                    for m in msgs:
+                        err = m.error()
+                        if err is not None:
+                            if err.code() != ck.KafkaError._PARTITION_EOF:
+                                logger.warning("detector: consume error %s", err)
+                            continue
+                        self._process(m)
                     self._producer.poll(0)
                     now = time.monotonic()
                     if (now - last >= s.checkpoint_seconds
@@ -472,6 +471,10 @@ class DetectorWorker:
                         self._checkpoint()
                         self._update_lag()
                         last = now
+                if msgs:
+                    # a lock released and taken straight back starves a waiting scrape:
+                    # give it the moment it needs (per batch of at most 100 runs)
+                    time.sleep(0.001)
             with self.lock:
                 self._checkpoint()
             clean = True

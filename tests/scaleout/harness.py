@@ -314,3 +314,39 @@ def order_report(bootstrap: str, names: dict, spans_file: Path) -> str:
                          f"difference at {i}: replay {ids[i:i + 2]} topic {mine[i:i + 2]} "
                          f"ends {[ends.get(r) for r in mine[i:i + 2]]}")
     return "\n".join(lines) or "same order"
+
+
+class RunsWatcher:
+    """Distinct run ids published to the runs topic so far (a background reader), so a test
+    emits a stream's next run only once its previous run is in the topic: the runs of a
+    stream then land in the order they ran, the order ``replay`` processes them in."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        import threading
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"watch-{time.time_ns()}",
+                           "enable.auto.commit": False, "fetch.wait.max.ms": 20})
+        parts = self.c.list_topics(topic, timeout=10).topics[topic].partitions
+        self.c.assign([TopicPartition(topic, p, 0) for p in parts])
+        self.ids: set[bytes] = set()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for m in self.c.consume(500, timeout=0.05):
+                if m.error() is None:
+                    rid = dict(m.headers() or []).get("run_id")
+                    if rid:
+                        self.ids.add(rid)
+
+    def wait(self, n: int, timeout: float = 30.0) -> None:
+        wait_for(lambda: len(self.ids) >= n, timeout, f"{n} runs published", poll=0.02)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(5)
+        self.c.close()

@@ -14,12 +14,12 @@ from tests.e2e.otel_agent import AgentBehaviour
 from tests.scaleout import harness as h
 
 LEARN = 40
-ROUNDS = 90
-SWITCH = 50
-#: wall seconds between two runs of one stream: more than the Collector's batch timeout
-#: (200 ms) plus the assemblers' closing delay (grace 0.3 s + a poll), so a stream's runs
-#: land in the runs topic in their end order, the order `replay` processes them in
-SPACING = 0.5
+ROUNDS = 80
+SWITCH = 45
+#: Spacing: a round (one run of every stream) is emitted only once every run of the previous
+#: round is in the runs topic (``RunsWatcher``), so a stream's runs land there in the order
+#: they ran, the order ``replay`` processes them in (monitor/scaleout/assembler.py,
+#: "Ordering"); a fixed wall-time gap is only probably enough on a loaded machine.
 CONFIG = f"""
 assembler:
   grace_seconds: 0.3
@@ -133,14 +133,17 @@ def run_scenario(broker: Any, tmp: Path, prefix: str, n_assemblers: int, n_detec
             timings["warm"] = time.monotonic() - t0
             plan = streams()
             cluster.agents = agents
-            for i in range(ROUNDS):
-                if before and i in before:
-                    before[i](cluster)
-                t_round = time.monotonic()
-                agents.round(plan, i)
-                if after and i in after:
-                    after[i](cluster)
-                time.sleep(max(0.0, SPACING - (time.monotonic() - t_round)))
+            watcher = h.RunsWatcher(broker.bootstrap, names["runs"])
+            try:
+                for i in range(ROUNDS):
+                    if before and i in before:
+                        before[i](cluster)
+                    agents.round(plan, i)
+                    if after and i in after:
+                        after[i](cluster)
+                    watcher.wait(agents.emitted)
+            finally:
+                watcher.close()
             agents.close(spans_file)
             timings["emitted"] = time.monotonic() - t0
             total = agents.emitted
