@@ -298,6 +298,12 @@ def drilldown() -> dict[str, Any]:
               "{{reason}}")], 6, 8, unit="reqps")
     lay.add("timeseries", "Pending traces", "Traces waiting for completion per instance.",
             [("sum by (instance) (assaywatch_pending_traces)", "{{instance}}")], 6, 8)
+    lay.add("timeseries", "Values sanitised/s",
+            "Strings repaired (invalid UTF-8, over-long names and labels) and span times "
+            "checked at the edge, per receiver and reason: a sender emitting junk.",
+            [(f"sum by (instance, receiver, reason) "
+              f"(rate(assaywatch_values_sanitised_total{RATE}))",
+              "{{receiver}} {{reason}}")], 24, 6, unit="reqps")
     lay.add("table", "Monitor builds", "Running monitor instances per assaywatch version.",
             [("count by (version) (assaywatch_build_info)", "")], 24, 4, instant=True,
             table=True)

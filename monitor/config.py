@@ -169,6 +169,9 @@ class MonitorConfig:
     evaluation_threshold: float = _opt(0.5, "An evaluation score at or above this is a pass.")
     contracts: dict[str, Any] = _opt({}, "Contract rules deciding a run's outcome when no "
                                      "evaluation is recorded (see Outcome).")
+    kafka: dict[str, Any] = _opt({}, "Scale-out settings read by `assaywatch kafka assemble` "
+                                 "and `kafka detect` (deploy/README.md); the monitor and "
+                                 "replay ignore them, so one file serves all.")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "config") -> MonitorConfig:

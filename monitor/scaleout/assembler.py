@@ -131,7 +131,8 @@ class AssemblerWorker:
         return Assembler(clock=self.clock, grace_s=a.grace_seconds,
                          max_age_s=a.max_age_seconds,
                          max_pending_traces=a.max_pending_traces,
-                         max_spans_per_trace=a.max_spans_per_trace, counters=self.counters,
+                         max_spans_per_trace=a.max_spans_per_trace,
+                         max_pending_bytes=a.max_pending_bytes, counters=self.counters,
                          rules=self._rules, score_threshold=self.config.evaluation_threshold)
 
     # -- rebalance callbacks (run inside poll, on this thread) ---------------------------

@@ -74,6 +74,7 @@ class Pipeline:
         self.assembler = Assembler(
             clock=clock, grace_s=a.grace_seconds, max_age_s=a.max_age_seconds,
             max_pending_traces=a.max_pending_traces, max_spans_per_trace=a.max_spans_per_trace,
+            max_pending_bytes=a.max_pending_bytes,
             counters=counters, rules=rules, score_threshold=config.evaluation_threshold)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

@@ -224,10 +224,11 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
     healthy = AgentBehaviour(pass_rate=0.9)
     try:
         # baselines, then a full Hotelling window, for two streams; a third stream is over
-        # the stream limit of 2
+        # the stream limit of 2, and its 300-character agent name is cut at the edge
+        # (assaywatch_values_sanitised_total)
         _emit(grpc, "refund", LEARN + 30, healthy, rng)
         _emit(http, "", LEARN + 30, healthy, rng)
-        _emit(grpc, "overflow", 2, healthy, rng, agent="other-agent")
+        _emit(grpc, "overflow", 2, healthy, rng, agent="other-agent-" + "x" * 300)
         assert _post_malformed(monitor) == 400
         _wait("both baselines and a Hotelling test scraped", lambda: len(_query(
             prometheus, f'assaywatch_hotelling_p_value{{agent="{AGENT}"}}')) == 2)

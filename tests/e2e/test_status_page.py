@@ -44,6 +44,7 @@ def alarmed() -> Iterator[tuple[Monitor, dict[str, int]]]:
         mon.engine.process_closed(simulate_runs(300, rng, key=QUIET, tool_weights=tools))
         mon.engine.process_closed(simulate_runs(250, rng, key=KEY, tool_weights=tools,
                                                 pass_rate=0.9))
+        mon.engine.wait_calibrations(timeout=60)
     end_of: dict[str, int] = {}
     start = 1_700_000_000_000_000_000 + 10**15
     for chunk in range(40):  # regressed runs until an alarm is active
@@ -53,6 +54,7 @@ def alarmed() -> Iterator[tuple[Monitor, dict[str, int]]]:
         end_of.update({r.run_id: r.end_ns for r in runs})
         with mon.pipeline.lock:
             mon.engine.process_closed(runs)
+            mon.engine.wait_calibrations(timeout=60)  # the baseline froze: thresholds in
             st = mon.engine.stream(KEY)
             assert st is not None
             if any(st.alarm_active(d, cfg.detectors.alarm_hold_runs)
