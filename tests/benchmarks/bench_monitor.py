@@ -168,6 +168,21 @@ def wait_runs(mon: MonitorProcess, n: float, timeout: float = 120.0,
                        f"(has {runs_total(mon):g})")
 
 
+def wait_calibrated(mon: MonitorProcess, n: int, timeout: float = 300.0) -> float:
+    """Wait until ``n`` streams have their detectors (a frozen baseline is calibrated in
+    the monitor's worker process, off the pipeline thread); return the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with urllib.request.urlopen(mon.url("/metrics"), timeout=60) as r:
+            text = r.read().decode()
+        done = sum(1 for line in text.splitlines()
+                   if line.startswith("assaywatch_sprt_log_likelihood_ratio{"))
+        if done >= n:
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise RuntimeError(f"{n} streams not calibrated within {timeout:g}s")
+
+
 def ceilings(bodies: list[bytes]) -> tuple[float, float]:
     """Spans/s of ParseFromString alone and of decode_proto_request, one core."""
     spans = len(bodies) * RUNS_PER_REQUEST * SPANS_PER_RUN
@@ -275,6 +290,7 @@ def throughput(tmp: Path, pool: RequestPool, pinned: bool) -> list[tuple[str, fl
         warm = pool.build(LEARN // RUNS_PER_REQUEST + 2, start=0)
         send_all(warm, http_sender(mon.addresses["otlp_http"]), 60)
         done = wait_runs(mon, len(warm) * RUNS_PER_REQUEST)
+        wait_calibrated(mon, 1)
         next_req = len(warm)
         for name, make in (("OTLP/HTTP protobuf, replayed", http_sender),
                            ("OTLP/gRPC, replayed", grpc_sender)):
@@ -390,6 +406,7 @@ def scrape_times(tmp: Path, pool: RequestPool) -> tuple[list[float], int, float]
             bodies.append(req.SerializeToString())
         send_all(bodies, http_sender(mon.addresses["otlp_http"]), 120)
         wait_runs(mon, len(bodies) * RUNS_PER_REQUEST)
+        wait_calibrated(mon, STREAMS)  # scrapes of streams with their detectors built
         url = mon.url("/metrics")
         times = []
         size = 0
