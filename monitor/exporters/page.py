@@ -64,6 +64,8 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
             "pass_rate": base.pass_rate, "origin": st.baseline_origin,
             "pass_rate_interval": _rate(base.passes, base.passes + base.fails)},
         "learning": base is None,
+        #: the baseline froze and its detectors are being calibrated (runs are buffered)
+        "calibrating": bool(getattr(st, "calibrating", False)),
         "recent_pass_rate": None if recent is None else recent[0],
         "recent_pass_rate_interval": None if recent is None else {
             "rate": recent[0], "lower": recent[1], "upper": recent[2],
@@ -94,6 +96,8 @@ def _stream_block(s: Mapping[str, Any]) -> str:
     b = s["baseline"]
     if b is None:
         base = "learning its baseline"
+    elif s.get("calibrating"):
+        base = f"{b['runs']} runs ({_e(b['origin'])}), calibrating its detectors"
     else:
         base = f"{b['runs']} runs ({_e(b['origin'])}), pass rate " \
                f"{_fmt_rate(b.get('pass_rate_interval'))}"
