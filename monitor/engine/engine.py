@@ -146,6 +146,19 @@ class Engine:
             self._latest_frozen[(b.key.agent, b.key.scenario)] = b
 
     # -- reading ---------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # The readiness event holds a lock: copies (deepcopy, pickle) rebuild it. An
+        # engine with calibrations in flight (futures, a worker pool) is not copyable.
+        state = self.__dict__.copy()
+        state["_ready"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ready = threading.Event()
+        if self._arrived:
+            self._ready.set()
+
     def streams(self) -> list[StreamState]:
         return list(self._streams.values())
 

@@ -43,6 +43,10 @@ from assaywatch.monitor.service.wal import Position, WalError, WriteAheadLog
 
 logger = logging.getLogger(__name__)
 
+#: Longest wait at start for calibrations of streams replayed from the write-ahead log
+#: (their thresholds are usually in the checkpoint's cache, so this is rarely spent).
+RESTART_CALIBRATION_WAIT_S = 120.0
+
 
 class _ServiceEventLog(EventLog):
     """The event log, asking for a checkpoint right after a state change (a re-baseline
@@ -208,6 +212,11 @@ class Monitor:
         if self.calibrator is not None:
             self.calibrator.warm_up()
         self.restore()
+        with self.pipeline.lock:
+            # Runs replayed from the log may wait for a calibration: apply it before the
+            # ports open, so the first scrape after a restart counts at least what was
+            # exported before the crash (alarms included), never less.
+            self.engine.wait_calibrations(timeout=RESTART_CALIBRATION_WAIT_S)
         if self.wal is not None:
             try:
                 self.wal.open()

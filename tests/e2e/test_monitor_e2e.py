@@ -47,11 +47,19 @@ def wait_runs(mon: MonitorProcess, expected: dict[str, int], timeout: float = 90
     samples: list = []
     while time.monotonic() < deadline:
         samples = scrape(mon)
-        if all(value(samples, "assaywatch_runs_total", agent=a) >= n for a, n in expected.items()):
-            return samples
+        if all(value(samples, "assaywatch_runs_total", agent=a) >= n
+               for a, n in expected.items()) and not calibrating(mon):
+            # runs are counted as they arrive; a stream whose baseline froze feeds them to
+            # its detectors once the calibration worker is done: wait for that too
+            return scrape(mon)
         time.sleep(0.5)
     got = {a: value(samples, "assaywatch_runs_total", agent=a) for a in expected}
     raise AssertionError(f"runs not assembled in time: expected {expected}, got {got}")
+
+
+def calibrating(mon: MonitorProcess) -> bool:
+    with urllib.request.urlopen(mon.url("/api/streams"), timeout=10) as resp:
+        return any(s.get("calibrating") for s in json.load(resp)["streams"])
 
 
 def emit(provider, agent: str, n: int, behaviour: AgentBehaviour, rng,

@@ -21,10 +21,12 @@ from tests.e2e.rawotlp import (
     wait_for,
 )
 
-#: Stated bound on the monitor's peak RSS (VmHWM) over the whole hostile suite. The
-#: baseline process is ~150 MiB; two concurrent HTTP decodes may each hold a 64 MiB
-#: inflated body and its 64 MiB string-free copy; gRPC messages are at most 16 MiB.
-PEAK_RSS_BOUND_MIB = 512
+#: Stated bound on the monitor's peak RSS (VmHWM) over the whole hostile suite: the parts
+#: of monitor/README.md's memory arithmetic that this suite drives to their worst (the
+#: process at rest ~130 MiB, OTLP/HTTP bodies and decodes ~200 MiB, gRPC calls ~130 MiB,
+#: pending traces 128 MiB) plus 50 MiB. Measured: 300-550 MiB, the high end on a loaded
+#: 2-core machine.
+PEAK_RSS_BOUND_MIB = 640
 
 CONFIG = """
 assembler:
