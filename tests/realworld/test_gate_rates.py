@@ -33,6 +33,8 @@ from assaywatch.monitor.offline.gate import GatePolicy
 from tests.realworld.gate_measure import Pools, gate_rates, make_pools
 from tests.realworld.world import gaussian_world, realistic_world
 
+pytestmark = pytest.mark.slow  # seeded Monte Carlo, tens of seconds
+
 POLICY = GatePolicy()
 ALPHA, BETA, DELTA = POLICY.alpha, POLICY.beta, POLICY.delta
 STREAMS = 20

@@ -32,6 +32,8 @@ from tests.realworld import monitor_measure as mm
 from tests.realworld.measure import InControlResult, default_workers, oracle_delay
 from tests.realworld.world import realistic_world
 
+pytestmark = pytest.mark.slow  # seeded Monte Carlo, tens of seconds
+
 ARL0 = 500.0
 HORIZON = 1_500
 STREAMS = {200: 24, 2_000: 8, 10_000: 2}
