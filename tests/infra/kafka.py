@@ -418,8 +418,13 @@ def _properties(node: KafkaNode, voters: str, n_nodes: int, data_dir: Path,
 
 
 def _cluster_id() -> str:
-    """A random Kafka cluster id (a UUID in 22 characters of URL-safe base64)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random Kafka cluster id (a UUID in 22 characters of URL-safe base64). One id in 64
+    starts with '-', which the storage tool's argument parser takes for an option (it then
+    fails with "expected one argument"): draw again until it does not."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 @contextlib.contextmanager
