@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -63,29 +62,15 @@ class _Monitor(MonitorProcess):
         super().__init__(*args)
         self.inline = inline
 
-    def start(self, timeout: float = 60.0) -> _Monitor:
+    def entry(self) -> list[str]:
         if not self.inline:
-            super().start(timeout)
-            return self
-        cmd = [sys.executable, "-m", "tests.benchmarks.bench_freeze", "--serve-inline",
-               "monitor", "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
-               "--metrics", "127.0.0.1:0", *self.args]
-        self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     text=True)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("assaywatch monitor listening"):
-                for part in line.split()[3:]:
-                    k, _, v = part.partition("=")
-                    self.addresses[k] = v
-                return self
-        self.proc.kill()
-        raise RuntimeError(f"monitor did not start: {self._read_stderr()[-3000:]}")
+            return super().entry()
+        return [sys.executable, "-m", "tests.benchmarks.bench_freeze", "--serve-inline",
+                "monitor"]
+
+    def start(self, timeout: float = 60.0) -> _Monitor:
+        super().start(timeout)
+        return self
 
 
 def bodies(pool: RequestPool, runs_per_stream: int, start: int) -> list[bytes]:

@@ -134,9 +134,12 @@ class MonitorProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.addresses: dict[str, str] = {}
 
+    def entry(self) -> list[str]:
+        """The command that runs ``assaywatch monitor`` (subclasses may run another)."""
+        return [sys.executable, "-m", "assaywatch.monitor.commands.cli", "monitor"]
+
     def start(self, timeout: float = 30.0) -> MonitorProcess:
-        cmd = [sys.executable, "-m", "assaywatch.monitor.commands.cli", "monitor",
-               "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
+        cmd = [*self.entry(), "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
                "--metrics", "127.0.0.1:0", *self.args]
         # stderr goes to a file: an unread pipe fills up under a chatty monitor and blocks it
         self._stderr = tempfile.TemporaryFile(mode="w+")
