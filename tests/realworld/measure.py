@@ -273,10 +273,23 @@ def measure_delays(world: World, baseline_runs: int, reps: int,
     """(c), the engine's side: per repetition a fresh baseline (scenario ``rep % k``), then
     ``prefix`` in-control runs, then each change on a copy of the engine until the first
     alarm onset of any detector (censored at ``max_delay``; counted as max_delay + 1)."""
+    return collect_delays(_delay_task, world, baseline_runs, reps, changes, prefix,
+                          max_delay, arl0, seed, workers)
+
+
+DelayTask = Callable[[tuple[World, int, int, int, int, float, int, tuple[str, ...]]],
+                     "dict[str, tuple[int, str]] | None"]
+
+
+def collect_delays(task: DelayTask, world: World, baseline_runs: int, reps: int,
+                   changes: Sequence[str], prefix: int, max_delay: int, arl0: float,
+                   seed: int, workers: int) -> dict[str, DelayResult]:
+    """Run ``task`` once per repetition and gather the first-alarm delays per change (a
+    repetition that alarmed before the change returns None and is discarded)."""
     warm(world)
     tasks = [(world, i, baseline_runs, prefix, max_delay, arl0, seed, tuple(changes))
              for i in range(reps)]
-    outs = _map(_delay_task, tasks, workers)
+    outs = _map(task, tasks, workers)
     res = {c: DelayResult(world.name, baseline_runs, c, prefix, max_delay) for c in changes}
     for o in outs:
         for c in changes:

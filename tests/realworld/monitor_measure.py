@@ -35,6 +35,7 @@ from tests.realworld.measure import (
     _change,
     _map,
     _runs,
+    collect_delays,
     poisson_top_decile,
     warm,
 )
@@ -105,17 +106,5 @@ def delays(world: World, baseline_runs: int, reps: int,
            prefix: int = 200, max_delay: int = 2_000, arl0: float = 500.0,
            seed: int = 13, workers: int = 1) -> dict[str, DelayResult]:
     """Steady-state detection delays with learned baselines (module docstring)."""
-    warm(world)
-    tasks = [(world, i, baseline_runs, prefix, max_delay, arl0, seed, tuple(changes))
-             for i in range(reps)]
-    outs = _map(_delay_task, tasks, workers)
-    res = {c: DelayResult(world.name, baseline_runs, c, prefix, max_delay) for c in changes}
-    for o in outs:
-        for c in changes:
-            if o is None:
-                res[c].discarded += 1
-            else:
-                d, det = o[c]
-                res[c].delays.append(d)
-                res[c].detectors[det or "none"] += 1
-    return res
+    return collect_delays(_delay_task, world, baseline_runs, reps, changes, prefix,
+                          max_delay, arl0, seed, workers)
