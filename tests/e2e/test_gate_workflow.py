@@ -10,7 +10,11 @@ with ``bash -eo pipefail`` (as a CI step runs them) in a temporary directory, un
   (``ASSAYWATCH_OTLP_GRPC``/``_HTTP`` and ``OTEL_EXPORTER_OTLP_ENDPOINT``), set to free
   loopback ports: nothing binds or contacts the defaults;
 * what differs between the known-good version and a candidate is the agent's behaviour,
-  set through its environment (as a checkout of another version would change its code).
+  set through its environment (as a checkout of another version would change its code);
+* the agent's tool takes 5-25 ms, as a real service call would: without any latency a run
+  lasts ~0.1 ms and its duration measures the recording route (OTLP to the recorder for
+  the known-good version, a gzip file for the candidate) and the machine's load, which
+  once made the fingerprint test answer "manual review" for an unchanged candidate.
 
 The first block records the known-good version with ``assaywatch record`` and builds the
 baseline; the second records a candidate through ``ASSAYWATCH_SPANS_FILE`` and gates it.
@@ -45,6 +49,7 @@ AGENT = textwrap.dedent(f"""
 
     import os
     import random
+    import time
 
     from assaywatch.instrumentation import agent_run, record_evaluation, tool
 
@@ -54,6 +59,7 @@ AGENT = textwrap.dedent(f"""
 
     @tool("lookup_order")
     def lookup_order(order_id: str) -> str:
+        time.sleep(rng.uniform(0.005, 0.025))  # the order service's latency
         return "shipped " * rng.randint(1, 4)
 
 

@@ -379,9 +379,13 @@ def test_overload_keeps_memory_metrics_and_other_senders_intact(tmp_path: Path) 
           f"(load ended {load_end - t_start:.0f} s in)")
 
     assert code == 0, stderr[-2000:]
-    # Senders and monitor share the machine: on 2 cores the senders reach ~1.7 times what
-    # the monitor accepts (in spans; most requests are refused), not 10 times.
-    assert offered > 1.4 * accepted, "the senders did not overload the monitor"
+    # The load generator's own check: the monitor was beyond its capacity, i.e. it refused
+    # a sizeable share of what was sent. Senders and monitor share the machine: on 2 cores
+    # the senders reach 1.2-1.7 times what the monitor accepts (in spans), not 10 times.
+    requests = sum(codes.values())
+    refusals = codes["http_503"] + codes["grpc_UNAVAILABLE"]
+    assert offered > 1.1 * accepted and refusals >= 0.1 * requests, \
+        "the senders did not overload the monitor"
     assert hwm_mib <= RSS_BOUND_MIB
     allowed = {"http_200", "http_503", "grpc_OK", "grpc_UNAVAILABLE"}
     assert set(codes) <= allowed, codes
