@@ -18,6 +18,31 @@ STATUS_UNSET = 0
 STATUS_OK = 1
 STATUS_ERROR = 2
 
+#: SpanRecord.kind of an evaluation event received as an OTLP log record (outside OTLP's
+#: span kinds 0-5).
+KIND_EVALUATION = 100
+#: The GenAI event name of an evaluation result.
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+#: The log-record attributes an evaluation record keeps: the evaluator, its outcome
+#: (score value, label, pass flag), and the stream-identifying keys when the log record
+#: carries them. ``gen_ai.evaluation.explanation`` and the body are content: never kept.
+EVALUATION_KEYS: frozenset[str] = frozenset({
+    "gen_ai.evaluation.name",
+    "gen_ai.evaluation.score.value",
+    "gen_ai.evaluation.score.label",
+    "assaywatch.evaluation.passed",
+    "gen_ai.agent.name",
+    "gen_ai.agent.version",
+    "assaywatch.scenario",
+})
+#: Of :data:`EVALUATION_KEYS`, those that carry an outcome: an evaluation with none of them
+#: is rejected (``evaluation_without_score``).
+EVALUATION_OUTCOME_KEYS: tuple[str, ...] = (
+    "gen_ai.evaluation.score.value",
+    "gen_ai.evaluation.score.label",
+    "assaywatch.evaluation.passed",
+)
+
 
 @dataclass(slots=True)
 class SpanEvent:
@@ -46,8 +71,25 @@ class SpanRecord:
     scope_name: str = ""
 
 
+def evaluation_record(trace_id: str, span_id: str, time_ns: int,
+                      attributes: dict[str, AttrValue], resource: dict[str, AttrValue],
+                      scope_name: str = "") -> SpanRecord:
+    """A ``gen_ai.evaluation.result`` event (an OTLP log record) as a :class:`SpanRecord`.
+
+    ``span_id`` is the id of the EVALUATED span ("" when the event names only its trace:
+    it joins by trace); ``parent_span_id`` is "", ``name`` is :data:`EVALUATION_EVENT`,
+    ``start_ns == end_ns == time_ns`` and ``kind`` is :data:`KIND_EVALUATION`. Only the
+    :data:`EVALUATION_KEYS` of ``attributes`` are kept (a new dict); ``resource`` is
+    shared as given.
+    """
+    kept = {k: v for k, v in attributes.items() if k in EVALUATION_KEYS}
+    return SpanRecord(trace_id, span_id, "", EVALUATION_EVENT, time_ns, time_ns,
+                      KIND_EVALUATION, STATUS_UNSET, "", kept, [], resource, scope_name)
+
+
 class SpanSink(Protocol):
-    """Where receivers deliver decoded spans.
+    """Where receivers deliver decoded spans (and evaluation records, ``kind ==
+    KIND_EVALUATION``, decoded from OTLP logs: the same sink, queue and limits).
 
     ``offer`` returns False when the pipeline is full: the receiver then answers
     429 / UNAVAILABLE with a retry hint and the exporter retries later. It never raises
@@ -78,6 +120,15 @@ class IngestCounters:
     pipeline discarded later (late spans, evicted traces, stream limit, ...);
     ``sanitised[(receiver, reason)]`` counts values the edge repaired and kept (invalid
     UTF-8, names and label values cut, span times; ``receivers/otlp/bounds.py``).
+
+    OTLP logs have counters of their own (evaluation records never count in ``received``):
+    ``logs_received[(receiver, event)]`` counts log records accepted, ``event`` being
+    :data:`EVALUATION_EVENT` (evaluation records the pipeline took) or ``"other"`` (any
+    other log record: answered with success and discarded);
+    ``logs_rejected[(receiver, reason)]`` counts log records (or whole logs requests,
+    when none could be decoded: reason says which) refused at the edge, including
+    ``pipeline_full`` (the sink refused the request's evaluation records: 503 /
+    UNAVAILABLE, retried by the exporter).
     """
 
     def __init__(self) -> None:
@@ -86,6 +137,8 @@ class IngestCounters:
         self.rejected: Counter[tuple[str, str]] = Counter()
         self.dropped: Counter[str] = Counter()
         self.sanitised: Counter[tuple[str, str]] = Counter()
+        self.logs_received: Counter[tuple[str, str]] = Counter()
+        self.logs_rejected: Counter[tuple[str, str]] = Counter()
 
     def add_received(self, receiver: str, n: int) -> None:
         with self._lock:
@@ -102,6 +155,20 @@ class IngestCounters:
     def add_sanitised(self, receiver: str, reason: str, n: int = 1) -> None:
         with self._lock:
             self.sanitised[(receiver, reason)] += n
+
+    def add_logs_received(self, receiver: str, event: str, n: int = 1) -> None:
+        """``event``: :data:`EVALUATION_EVENT` or ``"other"``."""
+        with self._lock:
+            self.logs_received[(receiver, event)] += n
+
+    def add_logs_rejected(self, receiver: str, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self.logs_rejected[(receiver, reason)] += n
+
+    def logs_snapshot(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """(``logs_received``, ``logs_rejected``) copied under the lock."""
+        with self._lock:
+            return dict(self.logs_received), dict(self.logs_rejected)
 
     def sanitised_snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
