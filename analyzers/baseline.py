@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,12 +45,21 @@ from assaywatch.analyzers.coverage import (
     CoverageTracker,
     coverage_from_counts,
 )
+from assaywatch.analyzers.detectors.score import ScoreSummary
 from assaywatch.analyzers.fingerprint import N_FIXED, feature_names, fingerprint
-from assaywatch.analyzers.model import TOOL_INVENTORY_ATTRIBUTE, Outcome, Run, StreamKey
+from assaywatch.analyzers.model import (
+    MAX_EVALUATORS,
+    TOOL_INVENTORY_ATTRIBUTE,
+    Outcome,
+    Run,
+    StreamKey,
+)
 
 #: Version of the JSON layout written by ``Baseline.to_dict``.
 SCHEMA_VERSION = 1
 TOOL_SOURCES = ("definitions", "config", "observed")
+#: Scores kept per evaluator while a baseline is built (the first ones).
+MAX_SCORES = 20_000
 
 
 def _frozen(a: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -92,6 +102,9 @@ class Baseline:
         Earliest and latest run start (None when empty).
     source:
         Free text: where the runs came from (files, "online first N runs", ...).
+    evaluators:
+        Evaluator name -> summary of its graded scores (``detectors/score.py``); in the
+        JSON only when there is one, so baselines without evaluations keep their id.
     baseline_id:
         16 hex chars of the SHA-256 of the canonical JSON content.
     """
@@ -117,6 +130,7 @@ class Baseline:
     first_start_ns: int | None = None
     last_start_ns: int | None = None
     source: str = ""
+    evaluators: dict[str, ScoreSummary] = field(default_factory=dict)
     baseline_id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -198,6 +212,8 @@ class Baseline:
             "first_start_ns": self.first_start_ns,
             "last_start_ns": self.last_start_ns,
             "source": self.source,
+            **({"evaluators": {k: v.to_dict() for k, v in sorted(self.evaluators.items())}}
+               if self.evaluators else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -250,6 +266,8 @@ class Baseline:
                 first_start_ns=d.get("first_start_ns"),
                 last_start_ns=d.get("last_start_ns"),
                 source=str(d.get("source", "")),
+                evaluators={str(k): ScoreSummary.from_dict(v)
+                            for k, v in dict(d.get("evaluators") or {}).items()},
             )
         except KeyError as exc:
             raise ValueError(
@@ -321,6 +339,8 @@ class BaselineBuilder:
         self._m2 = np.zeros((d, d))
         self._first: int | None = None
         self._last: int | None = None
+        #: evaluator -> its scores (the first MAX_SCORES)
+        self._scores: dict[str, list[float]] = {}
 
     @property
     def n_runs(self) -> int:
@@ -357,6 +377,18 @@ class BaselineBuilder:
         self._cov_tracker.add(run)
         self._first = run.start_ns if self._first is None else min(self._first, run.start_ns)
         self._last = run.start_ns if self._last is None else max(self._last, run.start_ns)
+        for name, score in run.scores.items():
+            self.add_score(name, score)
+
+    def add_score(self, evaluator: str, score: float) -> None:
+        """Fold one graded score of ``evaluator`` (on the trace, or arrived late)."""
+        vals = self._scores.get(evaluator)
+        if vals is None:
+            if len(self._scores) >= MAX_EVALUATORS:
+                return
+            vals = self._scores[evaluator] = []
+        if len(vals) < MAX_SCORES and math.isfinite(score):
+            vals.append(float(score))
 
     def add_many(self, runs: Iterable[Run]) -> None:
         for r in runs:
@@ -395,6 +427,8 @@ class BaselineBuilder:
             first_start_ns=self._first,
             last_start_ns=self._last,
             source=self.source,
+            evaluators={name: ScoreSummary.from_scores(vals)
+                        for name, vals in self._scores.items() if len(vals) >= 2},
         )
 
 

@@ -47,6 +47,12 @@ class Verdict(StrEnum):
 #: (``gen_ai.tool.definitions``, OpenInference ``llm.tools.<i>.tool.json_schema``).
 TOOL_INVENTORY_ATTRIBUTE = "assaywatch.tool_inventory"
 
+#: Evaluator name of an evaluation without ``gen_ai.evaluation.name``.
+UNNAMED_EVALUATOR = "unnamed"
+#: Evaluators kept per run (and per stream in the engine); more are dropped, counted.
+MAX_EVALUATORS = 16
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class StreamKey:
     """(agent, version, scenario): the unit every detector and baseline is kept for."""
@@ -140,6 +146,11 @@ class Run:
         The root span itself reported an error.
     evaluation_score:
         A recorded evaluation score where the trace carries one.
+    scores:
+        Graded evaluation scores recorded on the trace, by evaluator
+        (``gen_ai.evaluation.name``; :data:`UNNAMED_EVALUATOR` when absent; the mean when
+        one evaluator scored the run twice). Late ones (OTLP log events after the run
+        closed) reach the engine separately.
     attributes:
         Small, bounded, content-free run attributes kept for trace-first checks
         (for example ``assaywatch.relation`` marks of metamorphic pairs).
@@ -157,6 +168,7 @@ class Run:
     error: bool = False
     evaluation_score: float | None = None
     attributes: dict[str, str] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

@@ -33,6 +33,10 @@ ENV_VARS = {
 }
 
 
+#: Detectors that may hold a share of a stream's false-alarm budget.
+ALARMING = ("cusum_pass_rate", "cusum_fingerprint", "hotelling", "evaluation")
+
+
 class ConfigError(ValueError):
     """A configuration mistake, with where it is and what to do."""
 
@@ -89,6 +93,34 @@ class AssemblerConfig:
 
 
 @dataclass
+class EvaluationsConfig:
+    join_window_seconds: float = _opt(
+        600.0, "How long after its run closed an evaluation (OTLP log event "
+        "gen_ai.evaluation.result) still joins it; also how long an evaluation that arrives "
+        "before its trace waits for it. Later ones are counted (assaywatch_evaluation_joins_"
+        "total, outcome unmatched).")
+    max_closed_runs: int = _opt(
+        100_000, "Closed traces remembered for late evaluations (a digest of a few hundred "
+        "bytes each: run ids, stream, span ids); above it the oldest is forgotten (counted, "
+        "outcome digest_evicted).")
+    max_waiting: int = _opt(
+        10_000, "Evaluations kept while waiting for a trace not seen yet; more are counted "
+        "(outcome waiting_limit).")
+    min_drop: float = _opt(
+        0.1, "Drop of an evaluator's mean score, as a fraction of its scale (0.1 = 0.1 on "
+        "a 0-1 score, 0.4 on a 1-5 rubric), its detector is tuned for.")
+
+    def __post_init__(self) -> None:
+        if not self.join_window_seconds >= 0 or self.max_closed_runs < 1 or \
+                self.max_waiting < 0:
+            raise ConfigError("evaluations: join_window_seconds must be >= 0, "
+                              "max_closed_runs >= 1 and max_waiting >= 0")
+        if not 0 < self.min_drop < 1:
+            raise ConfigError("evaluations: min_drop must be in (0, 1) (a fraction of the "
+                              f"score's scale), got {self.min_drop!r}")
+
+
+@dataclass
 class DetectorConfig:
     learn_runs: int = _opt(200, "Runs a stream without a baseline learns from before its "
                            "baseline is frozen and the detectors start.")
@@ -109,11 +141,13 @@ class DetectorConfig:
                                    "multichart CUSUM with bootstrap thresholds (kept so older "
                                    "config files still load).")
     alarm_shares: dict[str, float] = _opt(
-        {"cusum_pass_rate": 0.5, "cusum_fingerprint": 0.5},
+        {"cusum_pass_rate": 0.5, "cusum_fingerprint": 0.5, "evaluation": 0.5},
         "Shares of the false-alarm budget `arl0` given to the detectors that raise alarms "
-        "(cusum_pass_rate, cusum_fingerprint, hotelling); the others report verdicts and "
-        "gauges only. The SPRT never alarms: its verdict is a gauge. Normalised to sum to 1 "
-        "over the configured detectors the baseline can run.")
+        "(cusum_pass_rate, cusum_fingerprint, hotelling, evaluation: the graded-score "
+        "detectors, split equally over the evaluators in the baseline); the others report "
+        "verdicts and gauges only. The SPRT never alarms: its verdict is a gauge. "
+        "Normalised to sum to 1 over the configured detectors the baseline can run (no "
+        "evaluation share without evaluators, no pass-rate share without outcomes).")
     calibration_runs: int = _opt(2_000, "Baseline runs kept (reservoir sample) while a "
                                  "baseline is learned, for the bootstrap calibration of the "
                                  "thresholds; file baselines carry none and are calibrated on "
@@ -125,17 +159,16 @@ class DetectorConfig:
     hotelling_every: int = _opt(25, "Runs between two windowed Hotelling tests.")
     alarm_hold_runs: int = _opt(200, "An alarm stays active this many runs after it last "
                                 "fired (SPRT: until the next Pass decision).")
-    detectors: list[str] = _opt(["sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling"],
-                                "Detectors run per stream.")
+    detectors: list[str] = _opt(["sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling",
+                                 "evaluation"], "Detectors run per stream.")
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in self.alarm_shares.items()
-               if k not in ("cusum_pass_rate", "cusum_fingerprint", "hotelling")
+               if k not in ALARMING
                or not isinstance(v, (int, float)) or not 0 <= v < float("inf")}
         if bad:
             raise ConfigError(f"detectors: alarm_shares {bad} invalid: keys among "
-                              "cusum_pass_rate, cusum_fingerprint, hotelling (the SPRT "
-                              "never alarms), values >= 0")
+                              f"{', '.join(ALARMING)} (the SPRT never alarms), values >= 0")
         if self.calibration_runs < 2 or self.bootstrap_reps < 5:
             raise ConfigError("detectors: calibration_runs must be >= 2 and bootstrap_reps "
                               ">= 5")
@@ -156,6 +189,8 @@ class MonitorConfig:
     detectors: DetectorConfig = field(default_factory=DetectorConfig,
                                       metadata={"doc": "Statistics."})
     limits: LimitsConfig = field(default_factory=LimitsConfig, metadata={"doc": "Bounds."})
+    evaluations: EvaluationsConfig = field(default_factory=EvaluationsConfig,
+                                           metadata={"doc": "Evaluation scores."})
     state_dir: str = _opt("", "Directory for the SQLite checkpoint and the alarm event log; "
                           "empty keeps state in memory only.")
     baselines: list[str] = _opt([], "Baseline JSON files (from `assaywatch baseline build`) "
@@ -234,7 +269,7 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
     raise ConfigError(f"{where} must be a {type(default).__name__}, got {value!r}")
 
 
-_KNOWN_DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
+_KNOWN_DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling", "evaluation")
 
 
 def _validate(obj: object, where: str) -> None:

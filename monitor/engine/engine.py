@@ -71,9 +71,10 @@ from assaywatch.analyzers.detectors.bootstrap import (
     Thresholds,
 )
 from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
+from assaywatch.analyzers.detectors.score import ScoreDropCUSUM
 from assaywatch.analyzers.fingerprint import feature_names, fingerprint
 from assaywatch.analyzers.hotelling import hotelling_two_sample
-from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
+from assaywatch.analyzers.model import MAX_EVALUATORS, Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.sprt import WarmStartSPRT
 from assaywatch.analyzers.verdicts import regression_verdict, sample_size, wilson_interval
 from assaywatch.monitor.config import DetectorConfig
@@ -84,7 +85,16 @@ from assaywatch.monitor.engine.calibration import (
     cache_key,
     run_job,
 )
-from assaywatch.monitor.engine.streams import AlarmEvent, StreamState, close_order
+from assaywatch.monitor.engine.streams import (
+    EVALUATION,
+    AlarmEvent,
+    EvaluatorState,
+    StreamState,
+    alarm_name,
+    close_order,
+    split_alarm_name,
+)
+from assaywatch.monitor.pipeline.join import LateEvaluation
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +119,9 @@ class Engine:
         Runs calibrations off the caller's thread (module docstring); None: inline.
     calibration_buffer_runs:
         Most runs buffered per calibrating stream.
+    score_shift:
+        ``evaluations.min_drop``: the drop of an evaluator's mean score, as a fraction of
+        its scale, the score detectors are tuned for.
     """
 
     def __init__(
@@ -120,8 +133,11 @@ class Engine:
         baseline_samples: dict[str, np.ndarray] | None = None,
         calibrator: CalibrationWorker | None = None,
         calibration_buffer_runs: int = 20_000,
+        score_shift: float = 0.1,
     ) -> None:
         self.config = config or DetectorConfig()
+        #: drop of an evaluator's mean, as a fraction of its scale, its detector is tuned for
+        self.score_shift = score_shift
         self._samples = dict(baseline_samples or {})
         #: calibrated thresholds by their inputs (a new version reuses its predecessor's)
         self._thresholds = ThresholdCache()
@@ -184,6 +200,8 @@ class Engine:
         st.outcomes[run.outcome.value] += 1
         if not st.first_run_id:
             st.first_run_id = run.run_id
+        for name, score in run.scores.items():
+            self._count_score(st, name, score)
         if st.calibrating:
             if len(st.pending_runs) < self.calibration_buffer_runs:
                 st.pending_runs.append((run, st.n_runs))
@@ -198,6 +216,31 @@ class Engine:
                 self._freeze(st, st.builder.freeze(), "learned")
             return []
         return self._monitor(st, run)
+
+    def process_evaluation(self, late: LateEvaluation) -> list[AlarmEvent]:
+        """Account the scores of an evaluation that arrived after its run closed
+        (``pipeline/join.py``): learned into the baseline while the stream learns,
+        buffered while it calibrates, else fed to the evaluator's detector."""
+        st = self._streams.get(late.key)
+        if st is None:
+            self.dropped["evaluation_without_stream"] += 1
+            return []
+        events: list[AlarmEvent] = []
+        for name, score in late.scores.items():
+            if not self._count_score(st, name, score):
+                continue
+            if st.calibrating:
+                if len(st.pending_scores) < self.calibration_buffer_runs:
+                    st.pending_scores.append((name, score, late.run_id, 0))
+                else:
+                    self.dropped["calibration_buffer"] += 1
+            elif st.baseline is None:
+                assert st.builder is not None
+                st.builder.add_score(name, score)
+            else:
+                events.extend(self._raise(st, self._score(st, name, score), late.run_id,
+                                          0, None))
+        return events
 
     def process_closed(self, runs: Iterable[Run]) -> list[AlarmEvent]:
         """Account the runs one assembler poll closed, in a deterministic order (end time,
@@ -295,8 +338,7 @@ class Engine:
             sample = _gaussian_sample(base, min(max(base.n_runs, 2), cfg.calibration_runs),
                                       seed)
             source = "gaussian"
-        shares = {k: float(v) for k, v in cfg.alarm_shares.items()
-                  if k in cfg.detectors and v > 0}
+        shares = self._shares(base)
         settings = CalibrationSettings(
             arl0=cfg.arl0, confidence=cfg.arl0_confidence, shares=shares,
             k=cfg.fingerprint_shift / 2, delta=cfg.delta, reps=cfg.bootstrap_reps)
@@ -398,6 +440,10 @@ class Engine:
         buffered, st.pending_runs = st.pending_runs, deque()
         for run, stream_run in buffered:
             events.extend(self._monitor(st, run, stream_run))
+        scores, st.pending_scores = st.pending_scores, deque()
+        for name, score, run_id, time_ns in scores:
+            events.extend(self._raise(st, self._score(st, name, score), run_id, time_ns,
+                                      None))
         return events
 
     # -- checkpoint ------------------------------------------------------------------
@@ -471,14 +517,76 @@ class Engine:
         observed = base.tool_inventory_source == "observed"
         st.coverage = CoverageTracker(tools=None if observed else base.tools,
                                       tool_source=base.tool_inventory_source)
+        self._build_score_detectors(st, base)
 
-    def _share(self, name: str, base: Baseline) -> float:
-        """The detector's normalised share of the ARL0 budget (0: it never alarms)."""
+    def _build_score_detectors(self, st: StreamState, base: Baseline) -> None:
+        """One score detector per evaluator of the baseline, each with an equal part of
+        the ``evaluation`` share of the budget (``detectors/score.py``)."""
+        cfg = self.config
+        for ev in st.evaluators.values():
+            ev.detector = None
+            ev.disabled = ("not in the baseline (first scored after it froze); "
+                           "re-baseline the stream to monitor it")
+        if EVALUATION not in cfg.detectors or not base.evaluators:
+            return
+        share = self._share(EVALUATION, base) / len(base.evaluators)
+        n_alarming = len(self._shares(base)) - 1 + len(base.evaluators)
+        confidence = 1.0 - (1.0 - cfg.arl0_confidence) / max(1, n_alarming)
+        for name, summary in base.evaluators.items():
+            ev = st.evaluators.get(name)
+            if ev is None:
+                ev = st.evaluators[name] = EvaluatorState(name)
+            ev.disabled = ""
+            if share <= 0:
+                ev.disabled = "no share of the false-alarm budget (alarm_shares.evaluation)"
+                continue
+            try:
+                ev.detector = ScoreDropCUSUM(summary, shift=self.score_shift,
+                                             arl0=cfg.arl0 / share, confidence=confidence)
+            except ValueError as exc:
+                ev.disabled = str(exc)
+                logger.warning("%s: evaluator %s not monitored: %s", st.key, name, exc)
+
+    def _count_score(self, st: StreamState, name: str, score: float) -> bool:
+        ev = st.evaluators.get(name)
+        if ev is None:
+            if len(st.evaluators) >= MAX_EVALUATORS:
+                self.dropped["evaluator_limit"] += 1
+                return False
+            ev = st.evaluators[name] = EvaluatorState(name)
+            if st.baseline is not None and not st.calibrating:
+                ev.disabled = ("not in the baseline (first scored after it froze); "
+                               "re-baseline the stream to monitor it")
+        ev.count += 1
+        ev.recent.append(score)
+        return True
+
+    def _score(self, st: StreamState, name: str, score: float
+               ) -> list[tuple[str, dict[str, Any]]]:
+        """Feed one score to its evaluator's detector; the firing, if any."""
+        ev = st.evaluators.get(name)
+        det = ev.detector if ev is not None else None
+        if det is None:
+            return []
+        det.update(score)
+        if det.drift_detected:
+            return [(alarm_name(name), {**det.evidence(), "evaluator": name})]
+        return []
+    def _shares(self, base: Baseline) -> dict[str, float]:
+        """The configured shares of the detectors this baseline can run (no pass-rate
+        share without outcomes, no evaluation share without evaluators)."""
         cfg = self.config
         shares = {k: float(v) for k, v in cfg.alarm_shares.items()
                   if k in cfg.detectors and v > 0}
         if not base.passes + base.fails:
             shares.pop("cusum_pass_rate", None)
+        if not base.evaluators:
+            shares.pop(EVALUATION, None)
+        return shares
+
+    def _share(self, name: str, base: Baseline) -> float:
+        """The detector's normalised share of the ARL0 budget (0: it never alarms)."""
+        shares = self._shares(base)
         total = sum(shares.values())
         return shares.get(name, 0.0) / total if total > 0 else 0.0
 
@@ -543,6 +651,18 @@ class Engine:
             # Hotelling cadence rather than on every run
             self._pass_rate_verdict(st, base)
             self._recommend(st, base, window)
+        for name, score in run.scores.items():
+            fired.extend(self._score(st, name, score))
+        return self._raise(st, fired, run.run_id, run.end_ns,
+                           st.n_runs if stream_run is None else stream_run)
+
+    def _raise(self, st: StreamState, fired: list[tuple[str, dict[str, Any]]], run_id: str,
+               time_ns: int, stream_run: int | None) -> list[AlarmEvent]:
+        """Book the detectors that fired on one run (or one late score) and return the
+        onsets; ``on_alarm`` is called with each."""
+        base = st.baseline
+        assert base is not None
+        cfg = self.config
         events = []
         for name, evidence in fired:
             # An onset is an alarm that was not already active: a persisting change keeps
@@ -552,16 +672,18 @@ class Engine:
                 st.alarm_last[name] = st.monitored_runs
             st.alarms_total[name] += 1
             if onset:
+                detector, evaluator = split_alarm_name(name)
                 st.alarm_onsets[name] = {"run_index": st.monitored_runs,
-                                         "time_ns": run.end_ns, "run_id": run.run_id,
-                                         "moved": _moved(name, evidence)}
+                                         "time_ns": time_ns, "run_id": run_id,
+                                         "moved": _moved(detector, evidence)}
                 events.append(AlarmEvent(
-                    key=st.key, detector=name, run_index=st.monitored_runs,
+                    key=st.key, detector=detector, run_index=st.monitored_runs,
                     stream_run=st.n_runs if stream_run is None else stream_run,
-                    run_id=run.run_id, first_run_id=st.first_run_id,
+                    run_id=run_id, first_run_id=st.first_run_id,
                     baseline_id=base.baseline_id,
                     evidence={**_jsonable(evidence), "baseline_runs": base.n_runs,
-                              "baseline_origin": st.baseline_origin}))
+                              "baseline_origin": st.baseline_origin},
+                    evaluator=evaluator))
         if self.on_alarm is not None:
             for ev in events:
                 try:

@@ -8,7 +8,7 @@ as written to the event log.
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,8 @@ from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.engine.calibration import CalibrationJob
 
 DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
+#: The detector name of every evaluator's score detector (alarms carry the evaluator).
+EVALUATION = "evaluation"
 #: The default budget split (``DetectorConfig.alarm_shares``) gives each alarming detector
 #: half of the ARL0 budget; readers that show the Hotelling per-test alpha use this
 #: divisor (the engine computes it from the configured shares).
@@ -41,12 +43,15 @@ class AlarmEvent:
     first_run_id: str
     baseline_id: str
     evidence: dict[str, Any]
+    #: the evaluator whose scores dropped (``detector == "evaluation"``), else ""
+    evaluator: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "event": "alarm",
             **self.key.as_labels(),
             "detector": self.detector,
+            **({"evaluator": self.evaluator} if self.evaluator else {}),
             "run_index": self.run_index,
             "stream_run": self.stream_run,
             "run_id": self.run_id,
@@ -54,6 +59,37 @@ class AlarmEvent:
             "baseline_id": self.baseline_id,
             "evidence": self.evidence,
         }
+
+
+def alarm_name(evaluator: str) -> str:
+    """The key of an evaluator's detector in a stream's alarm bookkeeping
+    (``alarm_last``, ``alarms_total``, ``alarm_onsets``)."""
+    return f"{EVALUATION}:{evaluator}"
+
+
+def split_alarm_name(name: str) -> tuple[str, str]:
+    """(detector, evaluator) of an alarm bookkeeping key."""
+    det, _, evaluator = name.partition(":")
+    return det, evaluator
+
+
+@dataclass
+class EvaluatorState:
+    """One evaluator's signal in a stream: its scores and its detector."""
+
+    name: str
+    #: scores received (on the trace or late), learning included
+    count: int = 0
+    #: the most recent scores (the ``assaywatch_evaluation_score`` gauge is their mean)
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    #: the score detector, once the stream's baseline holds this evaluator
+    detector: Any = None
+    #: why the evaluator is not monitored ("" when it is)
+    disabled: str = ""
+
+    @property
+    def recent_mean(self) -> float | None:
+        return sum(self.recent) / len(self.recent) if self.recent else None
 
 
 @dataclass
@@ -100,6 +136,20 @@ class StreamState:
     #: while calibrating: (run, stream run number) in arrival order, fed to the detectors
     #: when the thresholds arrive
     pending_runs: deque[tuple[Run, int]] = field(default_factory=deque)
+    #: evaluator name -> its signal (at most ``MAX_EVALUATORS``)
+    evaluators: dict[str, EvaluatorState] = field(default_factory=dict)
+    #: while calibrating: late scores (evaluator, score, run id, time) fed after the runs
+    pending_scores: deque[tuple[str, float, str, int]] = field(default_factory=deque)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a checkpoint written before a field existed: the field's default
+        for f in fields(self):
+            if f.name not in state:
+                if f.default_factory is not MISSING:
+                    state[f.name] = f.default_factory()
+                elif f.default is not MISSING:
+                    state[f.name] = f.default
+        self.__dict__.update(state)
 
     def alarm_active(self, detector: str, hold: int) -> bool:
         if detector == "sprt":

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 import assaywatch
 from assaywatch.analyzers.model import Verdict
 from assaywatch.monitor.engine.engine import Engine
-from assaywatch.monitor.engine.streams import DETECTORS
+from assaywatch.monitor.engine.streams import DETECTORS, EVALUATION, alarm_name
 from assaywatch.monitor.receivers.spans import IngestCounters
 
 KEY_LABELS = ["agent", "version", "scenario"]
@@ -193,12 +193,25 @@ class MonitorCollector(Collector):
 
         runs = CounterMetricFamily("assaywatch_runs", "Assembled runs by outcome.",
                                    labels=KEY_LABELS + ["outcome"])
-        alarms_total = CounterMetricFamily("assaywatch_alarms", "Alarm firings.",
-                                           labels=KEY_LABELS + ["detector"])
+        alarms_total = CounterMetricFamily("assaywatch_alarms", "Alarm firings (evaluator: "
+                                           "the evaluator of an evaluation alarm, else \"\").",
+                                           labels=KEY_LABELS + ["detector", "evaluator"])
+        evaluations = CounterMetricFamily("assaywatch_evaluations", "Graded evaluation "
+                                          "scores received per evaluator (on the trace or "
+                                          "joined late).",
+                                          labels=KEY_LABELS + ["evaluator"])
+        monitor_scores = EVALUATION in self.engine.config.detectors
         for st in self.engine.streams():
             k = [st.key.agent, st.key.version, st.key.scenario]
             for outcome in ("pass", "fail", "unknown"):
                 runs.add_metric(k + [outcome], st.outcomes.get(outcome, 0))
+            for ev in st.evaluators.values():
+                evaluations.add_metric(k + [ev.name], ev.count)
+                mean = ev.recent_mean
+                if mean is not None:
+                    gauge("assaywatch_evaluation_score", "Mean of the evaluator's most "
+                          "recent scores (up to 200).", ["evaluator"]).add_metric(
+                              k + [ev.name], mean)
             base = st.baseline
             gauge("assaywatch_baseline_runs", "Runs in the stream's frozen baseline "
                   "(0 while learning).").add_metric(k, base.n_runs if base else 0)
@@ -207,8 +220,21 @@ class MonitorCollector(Collector):
             for det in DETECTORS:
                 if det in self.engine.config.detectors:
                     gauge("assaywatch_alarm", "1 while the detector's alarm is active.",
-                          ["detector"]).add_metric(k + [det], int(st.alarm_active(det, hold)))
-                    alarms_total.add_metric(k + [det], st.alarms_total.get(det, 0))
+                          ["detector", "evaluator"]).add_metric(
+                              k + [det, ""], int(st.alarm_active(det, hold)))
+                    alarms_total.add_metric(k + [det, ""], st.alarms_total.get(det, 0))
+            for ev in st.evaluators.values() if monitor_scores else ():
+                if ev.detector is None:
+                    continue
+                name = alarm_name(ev.name)
+                gauge("assaywatch_alarm", "1 while the detector's alarm is active.",
+                      ["detector", "evaluator"]).add_metric(
+                          k + [EVALUATION, ev.name], int(st.alarm_active(name, hold)))
+                alarms_total.add_metric(k + [EVALUATION, ev.name],
+                                        st.alarms_total.get(name, 0))
+                gauge("assaywatch_cusum_statistic", "CUSUM statistic per feature "
+                      "(pass_rate for the Bernoulli CUSUM).", ["feature"]).add_metric(
+                          k + [name], ev.detector.statistic)
             verdicts = {"pass_rate": st.pass_rate_verdict, "fingerprint": st.fingerprint_verdict,
                         "sprt": st.sprt_verdict}
             for test in VERDICT_TESTS:
@@ -277,4 +303,5 @@ class MonitorCollector(Collector):
                       "recommended per decision.").add_metric(k, st.recommended_trials)
         yield runs
         yield alarms_total
+        yield evaluations
         yield from f.values()

@@ -25,7 +25,8 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
     cfg = config or MonitorConfig()
     result = ReplayResult()
     engine = Engine(cfg.detectors, baselines, on_alarm=result.alarms.append,
-                    max_streams=cfg.limits.max_streams)
+                    max_streams=cfg.limits.max_streams,
+                    score_shift=cfg.evaluations.min_drop)
     rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None
     for run in iter_runs(paths, strict=strict, rules=rules,
                          score_threshold=cfg.evaluation_threshold, stats=result.stats):

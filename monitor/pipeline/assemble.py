@@ -53,10 +53,16 @@ from collections.abc import Callable, Iterable
 
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.config import AssemblerConfig
+from assaywatch.monitor.pipeline.join import EvaluationJoin, LateEvaluation
 from assaywatch.monitor.pipeline.normalize import classify
-from assaywatch.monitor.pipeline.outcome import DEFAULT_SCORE_THRESHOLD, ContractRules
+from assaywatch.monitor.pipeline.outcome import (
+    DEFAULT_SCORE_THRESHOLD,
+    ContractRules,
+    Evaluation,
+)
 from assaywatch.monitor.pipeline.runs import Node, build_runs
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.pipeline.values import evaluation_of
+from assaywatch.monitor.receivers.spans import KIND_EVALUATION, IngestCounters, SpanRecord
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +124,7 @@ class _Trace:
     """A pending trace: its nodes and what its readiness waits for."""
 
     __slots__ = ("trace_id", "nodes", "waiting", "bad_tops", "first_seen", "last_seen",
-                 "sender", "nbytes")
+                 "sender", "nbytes", "evals")
 
     def __init__(self, trace_id: str, now: float, sender: str = UNKNOWN_SENDER) -> None:
         self.trace_id = trace_id
@@ -131,6 +137,8 @@ class _Trace:
         self.bad_tops: set[str] = set()
         self.first_seen = now
         self.last_seen = now
+        #: evaluations received as log events: (evaluated span id, evaluation)
+        self.evals: list[tuple[str, Evaluation]] = []
 
     def add(self, node: Node) -> None:
         nodes, sid, parent = self.nodes, node.span_id, node.parent_id
@@ -185,6 +193,9 @@ class Assembler:
     keep_non_genai:
         Produce a run for traces holding no GenAI span at all (health checks, plain HTTP).
         Off by default; their spans are counted ``no_genai_spans``.
+    join_window_s, max_closed_runs, max_waiting_evaluations:
+        The join of evaluations received as log events (``pipeline/join.py``); late ones
+        are returned by :meth:`take_evaluations`.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, grace_s: float = 5.0,
@@ -195,7 +206,9 @@ class Assembler:
                  score_threshold: float = DEFAULT_SCORE_THRESHOLD,
                  closed_lru_size: int = 50_000, include_generic_steps: bool = False,
                  keep_non_genai: bool = False,
-                 max_pending_bytes: int | None = DEFAULT_MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int | None = DEFAULT_MAX_PENDING_BYTES,
+                 join_window_s: float = 600.0, max_closed_runs: int = 100_000,
+                 max_waiting_evaluations: int = 10_000) -> None:
         for name, value in (("grace_s", grace_s), ("max_age_s", max_age_s)):
             if not value >= 0:
                 raise ValueError(f"Assembler: {name} must be >= 0 seconds, got {value!r}")
@@ -231,6 +244,7 @@ class Assembler:
         self._bytes = 0
         self._out: list[Run] = []
         self._logged_bad = False
+        self.join = EvaluationJoin(join_window_s, max_closed_runs, max_waiting_evaluations)
 
     @property
     def pending_traces(self) -> int:
@@ -257,6 +271,9 @@ class Assembler:
             for span in spans:
                 tid = span.trace_id
                 tr = pending.get(tid)
+                if span.kind == KIND_EVALUATION:
+                    self._evaluation(span, tr, now)
+                    continue
                 if tr is None:
                     if not tid or not span.span_id:
                         counters.add_dropped("bad_span")
@@ -268,6 +285,7 @@ class Assembler:
                     if len(pending) >= self.max_pending_traces:
                         self._evict(sender, by_bytes=False)
                     tr = _Trace(tid, now, sender)
+                    tr.evals = self.join.take_waiting(tid)
                     pending[tid] = tr
                     idle[tid] = tr
                     snd = self._senders.get(sender)
@@ -323,14 +341,36 @@ class Assembler:
                     due.append(tid)
             for tid in due:
                 self._close(tid, "grace")
+            self.join.expire(now)
             out, self._out = self._out, []
         return out
+
+    def take_evaluations(self) -> list[LateEvaluation]:
+        """Evaluations joined to runs closed earlier (``pipeline/join.py``), in arrival
+        order; call after :meth:`poll` / :meth:`flush` and feed them to the engine after
+        the runs those returned."""
+        with self._lock:
+            return self.join.take_late()
+
+    def _evaluation(self, span: SpanRecord, tr: _Trace | None, now: float) -> None:
+        ev = evaluation_of(span.attributes)
+        if ev is None or not span.trace_id:
+            self.join.counts["invalid"] += 1
+            return
+        if tr is not None:
+            tr.evals.append((span.span_id, ev))
+            tr.nbytes += _ENTRY_BYTES
+            self._senders[tr.sender].nbytes += _ENTRY_BYTES
+            self._bytes += _ENTRY_BYTES
+            return
+        self.join.arrive(span.trace_id, span.span_id, ev, now)
 
     def flush(self) -> list[Run]:
         """Close every pending trace (shutdown, end of a replay) and return all runs."""
         with self._lock:
             for tid in list(self._pending):
                 self._close(tid, "flush")
+            self.join.expire(self.clock(), everything=True)
             out, self._out = self._out, []
         return out
 
@@ -386,6 +426,14 @@ class Assembler:
         if len(self._closed) > self.closed_lru_size:
             self._closed.popitem(last=False)
         self.closed_by[why] += 1
+        leftover: list[tuple[str, Evaluation]] = []
+        for sid, ev in tr.evals:
+            node = tr.nodes.get(sid)
+            if node is None:
+                leftover.append((sid, ev))
+                continue
+            node.norm.evaluations = (*node.norm.evaluations, ev)
+            self.join.counts["on_trace"] += 1
         try:
             runs = build_runs(tid, tr.nodes, self.counters, rules=self.rules,
                               score_threshold=self.score_threshold,
@@ -396,6 +444,10 @@ class Assembler:
                              "(counted as assembly_error)", tid, len(tr.nodes))
             self.counters.add_dropped("assembly_error", len(tr.nodes))
             return
+        self.join.closed(tid, runs, self.clock())
+        for sid, ev in leftover:  # evaluated span not among the trace's spans
+            if not self.join.late(tid, sid, ev):
+                self.join.counts["unmatched"] += 1
         for run in runs:
             if self.on_run is not None:
                 try:

@@ -66,7 +66,18 @@ children's usage on the container, which would count every token twice.
 
 from __future__ import annotations
 
-from assaywatch.analyzers.model import TOOL_INVENTORY_ATTRIBUTE, Action, Run, Step, StreamKey
+import math
+from collections.abc import Iterable
+
+from assaywatch.analyzers.model import (
+    MAX_EVALUATORS,
+    TOOL_INVENTORY_ATTRIBUTE,
+    UNNAMED_EVALUATOR,
+    Action,
+    Run,
+    Step,
+    StreamKey,
+)
 from assaywatch.monitor.pipeline.dialects import STEP_ROOT_KINDS
 from assaywatch.monitor.pipeline.normalize import CONTAINER_KINDS, Kind, NormalizedSpan, share
 from assaywatch.monitor.pipeline.outcome import (
@@ -77,6 +88,8 @@ from assaywatch.monitor.pipeline.outcome import (
 )
 from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 
+#: Characters of an evaluator name kept (it becomes a metric label value).
+MAX_EVALUATOR_NAME = 64
 #: ``Run.attributes`` key of the oracle's reason.
 REASON_KEY = "assaywatch.outcome.reason"
 #: ``Run.attributes`` key of the tool inventory: the sorted names of the tools offered to the
@@ -389,6 +402,21 @@ def _make_run(trace_id: str, parts: _RunParts, nodes: dict[str, Node],
               evaluation_score=next((e.score for e in evaluations if e.score is not None),
                                     None),
               attributes=attributes)
+    run.scores = scores_of(evaluations)
     run.outcome, attributes[REASON_KEY] = decide_outcome(run, evaluations, rules,
                                                          score_threshold)
     return run
+
+
+def scores_of(evaluations: Iterable[Evaluation]) -> dict[str, float]:
+    """Graded scores by evaluator (the mean of one evaluator's scores on the run), at most
+    :data:`MAX_EVALUATORS` evaluators, in order of first appearance."""
+    sums: dict[str, list[float]] = {}
+    for ev in evaluations:
+        if ev.score is None or not math.isfinite(ev.score):
+            continue
+        name = (ev.name or UNNAMED_EVALUATOR)[:MAX_EVALUATOR_NAME]
+        if name not in sums and len(sums) >= MAX_EVALUATORS:
+            continue
+        sums.setdefault(name, []).append(ev.score)
+    return {k: sum(v) / len(v) for k, v in sums.items()}

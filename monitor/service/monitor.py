@@ -29,6 +29,7 @@ from assaywatch.monitor.engine.calibration import CalibrationWorker, default_wor
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.exporters.events import EventLog
+from assaywatch.monitor.pipeline.join import EvaluationJoin
 from assaywatch.monitor.receivers.spans import IngestCounters
 from assaywatch.monitor.service.counters import (
     DurableCounters,
@@ -86,7 +87,8 @@ class Monitor:
         self.calibrator = CalibrationWorker() if default_workers() > 0 else None
         self.engine = Engine(config.detectors, baselines or [], on_alarm=self._on_alarm,
                              max_streams=config.limits.max_streams,
-                             calibrator=self.calibrator)
+                             calibrator=self.calibrator,
+                             score_shift=config.evaluations.min_drop)
         self.pipeline = Pipeline(config, self.engine, self.counters, wal=self.wal)
         self.ready = threading.Event()
         self.addresses: dict[str, str] = {}
@@ -150,6 +152,13 @@ class Monitor:
                 acked_end = (int(wal["acked_end"][0]), int(wal["acked_end"][1]))
             processed = OrderedDict(
                 (str(t), (int(s), int(o))) for t, s, o in saved.get("processed", []))
+            taken = None
+            if wal is not None and "taken" in wal:
+                taken = (int(wal["taken"][0]), int(wal["taken"][1]))
+            join = saved.get("join")
+            if isinstance(join, EvaluationJoin):
+                join.restamp(self.pipeline.assembler.clock())
+                self.pipeline.assembler.join = join
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"{self.store.path}: checkpoint items are malformed ({exc}). "
                              "It was left untouched: move the state dir away to start "
@@ -161,7 +170,7 @@ class Monitor:
                         self.store.path)
         if self.wal is not None:
             self.pipeline.processed = processed
-            self.replayed_spans = self.pipeline.replay(low, acked_end, processed)
+            self.replayed_spans = self.pipeline.replay(low, acked_end, processed, taken)
             if self.replayed_spans:
                 logger.info("replayed %d spans from the write-ahead log (%d traces pending)",
                             self.replayed_spans, self.pipeline.pending_traces())
@@ -180,7 +189,9 @@ class Monitor:
                 # received = spans written to the log up to acked_end (counters.py)
                 "counters": {"received": acked, "rejected": pairs_to_json(rejected),
                              "dropped": dropped, "sanitised": pairs_to_json(sanitised)},
-                "wal": {"low": list(low), "acked_end": list(acked_end)},
+                "wal": {"low": list(low), "acked_end": list(acked_end),
+                        "taken": list(self.pipeline.taken_end)},
+                "join": self.pipeline.assembler.join,
                 "processed": [[t, p[0], p[1]] for t, p in self.pipeline.processed.items()],
                 "events_offset": self.onsets.offset() if self.onsets is not None else 0,
             }

@@ -29,7 +29,7 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import close_order
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.outcome import ContractRules
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import KIND_EVALUATION, IngestCounters, SpanRecord
 from assaywatch.monitor.service.wal import Position, WalError, WriteAheadLog, encode_batch
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,10 @@ class Pipeline:
             clock=clock, grace_s=a.grace_seconds, max_age_s=a.max_age_seconds,
             max_pending_traces=a.max_pending_traces, max_spans_per_trace=a.max_spans_per_trace,
             max_pending_bytes=a.max_pending_bytes,
-            counters=counters, rules=rules, score_threshold=config.evaluation_threshold)
+            counters=counters, rules=rules, score_threshold=config.evaluation_threshold,
+            join_window_s=config.evaluations.join_window_seconds,
+            max_closed_runs=config.evaluations.max_closed_runs,
+            max_waiting_evaluations=config.evaluations.max_waiting)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.runs_processed = 0
@@ -254,11 +257,14 @@ class Pipeline:
         for tid in [t for t, last in self.processed.items() if last < low]:
             del self.processed[tid]
 
-    def replay(self, start: Position, acked_end: Position, skip: Iterable[str]) -> int:
+    def replay(self, start: Position, acked_end: Position, skip: Iterable[str],
+               taken: Position | None = None) -> int:
         """Feed the log from ``start`` to the assembler before the receivers start.
 
         Spans of traces in ``skip`` (closed before the checkpoint) are not assembled
-        again. Records at or after ``acked_end`` were acknowledged after the checkpoint's
+        again; nor are evaluations of those traces the assembler had taken before the
+        checkpoint (before ``taken``): later ones join their closed run as late ones.
+        Records at or after ``acked_end`` were acknowledged after the checkpoint's
         counters: they are counted as received again (see ``Monitor.restore``).
         Returns the number of spans replayed.
         """
@@ -273,7 +279,7 @@ class Pipeline:
         self.assembler.clock = lambda: clock() - grace
         try:
             with self.lock:
-                replayed = self._replay(start, acked_end, skip_set)
+                replayed = self._replay(start, acked_end, skip_set, taken)
         finally:
             self.assembler.clock = clock
         with self.lock:
@@ -281,14 +287,17 @@ class Pipeline:
             self._prune()
         return replayed
 
-    def _replay(self, start: Position, acked_end: Position, skip_set: set[str]) -> int:
+    def _replay(self, start: Position, acked_end: Position, skip_set: set[str],
+                taken: Position | None) -> int:
         assert self.wal is not None
         replayed = 0
         for pos, receiver, spans in self.wal.read_from(start):
             if pos >= acked_end:
                 self.acked[receiver] = self.acked.get(receiver, 0) + len(spans)
                 self.counters.add_received(receiver, len(spans))
-            keep = [s for s in spans if s.trace_id not in skip_set]
+            late_ok = taken is not None and pos >= taken
+            keep = [s for s in spans if s.trace_id not in skip_set
+                    or (late_ok and s.kind == KIND_EVALUATION)]
             if len(keep) < len(spans) and pos >= acked_end:
                 # a late span of a trace closed before the checkpoint, as live
                 self.counters.add_dropped("late_span", len(spans) - len(keep))
@@ -298,10 +307,18 @@ class Pipeline:
         return replayed
 
     def _process_runs(self, runs: list[Run]) -> None:
+        """The runs a poll closed, in close order, then the evaluations that joined runs
+        closed earlier (``pipeline/join.py``)."""
         for run in sorted(runs, key=close_order):
             try:
                 self.engine.process(run)
                 self.runs_processed += 1
             except Exception:
                 logger.exception("run %s could not be processed", run.run_id)
+                self.counters.add_dropped("run_error")
+        for late in self.assembler.take_evaluations():
+            try:
+                self.engine.process_evaluation(late)
+            except Exception:
+                logger.exception("evaluation of run %s could not be processed", late.run_id)
                 self.counters.add_dropped("run_error")

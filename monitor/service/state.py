@@ -39,7 +39,7 @@ STATE_SCHEMA = 2
 DB_NAME = "state.sqlite"
 KEY_NAME = "state.key"
 #: Items stored with pickle (MAC-checked before loading); every other item is JSON.
-PICKLED = frozenset({"engine"})
+PICKLED = frozenset({"engine", "join"})
 
 
 class StateError(Exception):

@@ -1,0 +1,173 @@
+"""Evaluations joined to their runs, also when the judge answers after the run closed.
+
+An LLM-as-judge evaluator publishes its result seconds to minutes after the run, as the
+GenAI event ``gen_ai.evaluation.result`` (an OTLP log record carrying the evaluated span's
+trace and span id; the receivers turn it into a ``SpanRecord`` of kind
+``KIND_EVALUATION``). The :class:`~assaywatch.monitor.pipeline.assemble.Assembler` routes
+each one by the state of its trace:
+
+- **pending** (the trace is still being assembled): the evaluation waits on the trace and
+  is attached to the evaluated span when the trace closes, exactly like an evaluation
+  recorded on the span itself: it takes part in the run's outcome (``on_trace``);
+- **closed within the join window**: the trace's *digest* (its runs' ids, stream keys and
+  span ids, a few hundred bytes) names the run; the evaluation is handed to the engine as a
+  :class:`LateEvaluation` (``late``). An evaluation of a span that is in none of the
+  trace's runs is ``unmatched``; with one run, any span of the trace (or none) names it;
+- **not seen yet** (the judge's export overtook the agent's): it waits for its trace, at
+  most ``window_s`` and ``max_waiting`` evaluations (``waiting_limit`` beyond); when its
+  trace arrives it rides along as if it had arrived with it; one still waiting at the
+  end of the window is ``unmatched``.
+
+Digests are kept ``window_s`` after their trace closed, at most ``max_closed`` of them
+(the oldest forgotten first, counted ``digest_evicted``). An evaluation without a score,
+label or pass flag is ``invalid``. Every outcome is counted in :attr:`EvaluationJoin.counts`
+(``assaywatch_evaluation_joins_total{outcome}``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from assaywatch.analyzers.model import Run, StreamKey
+from assaywatch.monitor.pipeline.outcome import Evaluation
+from assaywatch.monitor.pipeline.runs import scores_of
+
+#: Outcomes counted by :class:`EvaluationJoin` (module docstring).
+JOIN_OUTCOMES = ("on_trace", "late", "unmatched", "invalid", "waiting_limit",
+                 "digest_evicted")
+
+
+@dataclass(frozen=True, slots=True)
+class LateEvaluation:
+    """An evaluation of a run the engine has already seen (its trace closed before)."""
+
+    run_id: str
+    key: StreamKey
+    evaluation: Evaluation
+    #: the evaluator's score by name (empty when the evaluation has no score)
+    scores: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class _RunDigest:
+    run_id: str
+    key: StreamKey
+    #: the run's span ids; None when it is the trace's only run (any span names it)
+    span_ids: frozenset[str] | None
+
+
+class EvaluationJoin:
+    """The bookkeeping of evaluations that are not on their trace's spans (not
+    thread-safe: the assembler calls it under its lock)."""
+
+    def __init__(self, window_s: float = 600.0, max_closed: int = 100_000,
+                 max_waiting: int = 10_000) -> None:
+        if not window_s >= 0 or max_closed < 1 or max_waiting < 0:
+            raise ValueError("EvaluationJoin: window_s >= 0, max_closed >= 1 and "
+                             "max_waiting >= 0 are required")
+        self.window_s = window_s
+        self.max_closed = max_closed
+        self.max_waiting = max_waiting
+        self.counts: Counter[str] = Counter()
+        #: trace id -> (arrival time, span id, evaluation) waiting for the trace
+        self._waiting: OrderedDict[str, list[tuple[float, str, Evaluation]]] = OrderedDict()
+        self._n_waiting = 0
+        #: trace id -> (close time, digests of its runs), in close order
+        self._closed: OrderedDict[str, tuple[float, tuple[_RunDigest, ...]]] = OrderedDict()
+        self._late: list[LateEvaluation] = []
+
+    @property
+    def waiting(self) -> int:
+        """Evaluations waiting for a trace not seen yet."""
+        return self._n_waiting
+
+    @property
+    def digests(self) -> int:
+        """Closed traces remembered for late evaluations."""
+        return len(self._closed)
+
+    def take_waiting(self, trace_id: str) -> list[tuple[str, Evaluation]]:
+        """The evaluations that waited for ``trace_id`` (its first span just arrived)."""
+        got = self._waiting.pop(trace_id, None)
+        if not got:
+            return []
+        self._n_waiting -= len(got)
+        return [(sid, ev) for _, sid, ev in got]
+
+    def arrive(self, trace_id: str, span_id: str, ev: Evaluation, now: float) -> None:
+        """An evaluation whose trace is not pending: late when the trace closed within the
+        window, else it waits for the trace."""
+        if self.late(trace_id, span_id, ev):
+            return
+        if self._n_waiting >= self.max_waiting:
+            self.counts["waiting_limit"] += 1
+            return
+        self._waiting.setdefault(trace_id, []).append((now, span_id, ev))
+        self._n_waiting += 1
+
+    def late(self, trace_id: str, span_id: str, ev: Evaluation) -> bool:
+        """Join ``ev`` to a run of the closed trace ``trace_id``; False when the trace is
+        not remembered."""
+        entry = self._closed.get(trace_id)
+        if entry is None:
+            return False
+        runs = entry[1]
+        target = None
+        if len(runs) == 1 and runs[0].span_ids is None:
+            target = runs[0]
+        else:
+            target = next((r for r in runs if r.span_ids is not None
+                           and span_id in r.span_ids), None)
+        if target is None:
+            self.counts["unmatched"] += 1
+            return True
+        self.counts["late"] += 1
+        self._late.append(LateEvaluation(target.run_id, target.key, ev, scores_of([ev])))
+        return True
+
+    def closed(self, trace_id: str, runs: Sequence[Run], now: float) -> None:
+        """Remember the runs of a trace that just closed."""
+        if not runs:
+            return
+        if len(runs) == 1:
+            digests: tuple[_RunDigest, ...] = (_RunDigest(runs[0].run_id, runs[0].key, None),)
+        else:
+            digests = tuple(_RunDigest(r.run_id, r.key, frozenset(
+                [r.root_span_id, *(s.span_id for s in r.steps)])) for r in runs)
+        self._closed[trace_id] = (now, digests)
+        self._closed.move_to_end(trace_id)
+        while len(self._closed) > self.max_closed:
+            self._closed.popitem(last=False)
+            self.counts["digest_evicted"] += 1
+
+    def expire(self, now: float, everything: bool = False) -> None:
+        """Forget digests and give up waiting evaluations older than the window (all of
+        them when ``everything``: the end of an offline replay)."""
+        while self._closed:
+            tid, (t, _) = next(iter(self._closed.items()))
+            if not everything and now - t < self.window_s:
+                break
+            del self._closed[tid]
+        while self._waiting:
+            tid, items = next(iter(self._waiting.items()))
+            if not everything and now - items[0][0] < self.window_s:
+                break
+            del self._waiting[tid]
+            self._n_waiting -= len(items)
+            self.counts["unmatched"] += len(items)
+
+    def restamp(self, now: float) -> None:
+        """After a restart (a checkpoint loaded): the times held come from the previous
+        process's clock; every digest and waiting evaluation restarts its window at
+        ``now`` (late ones already joined are in the engine's checkpoint)."""
+        self._closed = OrderedDict((t, (now, d)) for t, (_, d) in self._closed.items())
+        for items in self._waiting.values():
+            items[:] = [(now, sid, ev) for _, sid, ev in items]
+        self._late = []
+
+    def take_late(self) -> list[LateEvaluation]:
+        """The late evaluations joined since the last call, in arrival order."""
+        out, self._late = self._late, []
+        return out
