@@ -49,11 +49,13 @@ ALERTS = (
     # The detectors already control their false-alarm rates (SPRT alpha, CUSUM run length);
     # `for` only keeps a one-scrape blip of a restarting instance from paging.
     Alert("AssaywatchRegressionAlarm",
-          f"max by ({STREAM}, detector) (assaywatch_alarm)", ">", "0", "1m", "critical",
-          "Regression alarm ({{ $labels.detector }}) on {{ $labels.agent }} "
-          "{{ $labels.version }}",
-          "The {{ $labels.detector }} detector finds that stream " + STREAM_TEXT
-          + " departs from its frozen baseline.", "regression-alarm"),
+          f"max by ({STREAM}, detector, evaluator) (assaywatch_alarm)", ">", "0", "1m",
+          "critical",
+          "Regression alarm ({{ $labels.detector }}{{ if $labels.evaluator }} "
+          "{{ $labels.evaluator }}{{ end }}) on {{ $labels.agent }} {{ $labels.version }}",
+          "The {{ $labels.detector }} detector{{ if $labels.evaluator }} (evaluator "
+          "{{ $labels.evaluator }}: its scores dropped){{ end }} finds that stream "
+          + STREAM_TEXT + " departs from its frozen baseline.", "regression-alarm"),
     # Verdicts are recomputed per run over a rolling window and may flip between fail and
     # inconclusive near a boundary; five minutes of fail is a settled verdict.
     Alert("AssaywatchVerdictFail",

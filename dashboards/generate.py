@@ -262,9 +262,26 @@ def drilldown() -> dict[str, Any]:
             8, 8)
     lay.add("timeseries", "CUSUM on fingerprint features",
             "Per-feature CUSUM statistics of the fingerprint and their threshold.",
-            [(sel("assaywatch_cusum_statistic", 'feature!="pass_rate"'), "{{feature}}"),
+            [(sel("assaywatch_cusum_statistic", 'feature!="pass_rate",feature!~"evaluation:.*"'),
+              "{{feature}}"),
              (sel("assaywatch_cusum_threshold", 'detector="cusum_fingerprint"'), "threshold")],
             8, 8)
+    lay.row("Evaluations")
+    EVAL_ALARM = sel("assaywatch_alarm", 'detector="evaluation"')  # noqa: N806
+    lay.add("timeseries", "Evaluation scores",
+            "Mean of each evaluator's most recent scores (on the trace or joined late).",
+            [(sel("assaywatch_evaluation_score"), "{{evaluator}} {{version}} {{scenario}}")],
+            8, 8)
+    lay.add("timeseries", "Score detectors (e-CUSUM)",
+            "Each evaluator's e-CUSUM statistic; it alarms at log(ARL0 of its share).",
+            [(sel("assaywatch_cusum_statistic", 'feature=~"evaluation:.*"'), "{{feature}}")],
+            8, 8)
+    lay.add("stat", "Evaluation alarms", "1 while an evaluator's score-drop alarm is raised.",
+            [(f"max by (evaluator) ({EVAL_ALARM})", "{{evaluator}}")], 4, 8,
+            mappings=ALARM_MAPPINGS)
+    lay.add("timeseries", "Evaluations/s", "Scores received per second per evaluator.",
+            [(f"sum by (evaluator) (rate({sel('assaywatch_evaluations_total')}{RATE}))",
+              "{{evaluator}}")], 4, 8, unit="reqps")
     lay.row("Fingerprint")
     lay.add("timeseries", "Fingerprint shift (Mahalanobis distance)",
             "Mahalanobis distance of the recent mean fingerprint to the baseline.",
@@ -298,6 +315,21 @@ def drilldown() -> dict[str, Any]:
               "{{reason}}")], 6, 8, unit="reqps")
     lay.add("timeseries", "Pending traces", "Traces waiting for completion per instance.",
             [("sum by (instance) (assaywatch_pending_traces)", "{{instance}}")], 6, 8)
+    lay.add("timeseries", "Log records/s",
+            "OTLP log records accepted: evaluation events (gen_ai.evaluation.result) and "
+            "others (discarded).",
+            [(f"sum by (instance, receiver, event) "
+              f"(rate(assaywatch_log_records_received_total{RATE}))",
+              "{{receiver}} {{event}}")], 8, 8, unit="reqps")
+    lay.add("timeseries", "Log records rejected/s", "Log records refused at the edge.",
+            [(f"sum by (instance, receiver, reason) "
+              f"(rate(assaywatch_log_records_rejected_total{RATE}))",
+              "{{receiver}} {{reason}}")], 8, 8, unit="reqps")
+    lay.add("timeseries", "Evaluation joins/s",
+            "What became of evaluations received as log events: on_trace, late (joined a "
+            "closed run), unmatched (no run within the join window), invalid, limits.",
+            [(f"sum by (instance, outcome) (rate(assaywatch_evaluation_joins_total{RATE}))",
+              "{{outcome}}")], 8, 8, unit="reqps")
     lay.add("timeseries", "Values sanitised/s",
             "Strings repaired (invalid UTF-8, over-long names and labels) and span times "
             "checked at the edge, per receiver and reason: a sender emitting junk.",

@@ -24,7 +24,12 @@ import assaywatch
 from assaywatch.analyzers.model import Verdict
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import DETECTORS, EVALUATION, alarm_name
-from assaywatch.monitor.receivers.spans import IngestCounters
+from assaywatch.monitor.pipeline.join import JOIN_OUTCOMES
+from assaywatch.monitor.receivers.spans import (
+    EVALUATION_EVENT,
+    LOG_EVENT_OTHER,
+    IngestCounters,
+)
 
 KEY_LABELS = ["agent", "version", "scenario"]
 COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
@@ -67,7 +72,8 @@ class MonitorCollector(Collector):
     def __init__(self, engine: Engine, counters: IngestCounters,
                  lock: threading.Lock | threading.RLock | None = None,
                  pending: Callable[[], int] | None = None,
-                 scrape_wait_s: float = 0.2, refresh_wait_s: float = 2.0) -> None:
+                 scrape_wait_s: float = 0.2, refresh_wait_s: float = 2.0,
+                 joins: Callable[[], dict[str, int]] | None = None) -> None:
         if not (scrape_wait_s >= 0 and refresh_wait_s >= 0):
             raise ValueError("MonitorCollector: scrape_wait_s and refresh_wait_s must be >= 0 "
                              f"seconds, got {scrape_wait_s!r}, {refresh_wait_s!r}")
@@ -75,10 +81,12 @@ class MonitorCollector(Collector):
         self.counters = counters
         self.lock = lock or threading.RLock()
         self.pending = pending or (lambda: 0)
+        #: the evaluation join's counts (read under ``lock``, into the snapshot)
+        self.joins = joins or dict
         self.scrape_wait_s = scrape_wait_s
         self.refresh_wait_s = refresh_wait_s
-        #: (monotonic time taken, stream families, engine dropped counts), or None
-        self._snapshot: tuple[float, list[Metric], dict[str, int]] | None = None
+        #: (monotonic time taken, stream families, engine dropped counts, join counts)
+        self._snapshot: tuple[float, list[Metric], dict[str, int], dict[str, int]] | None = None
         self._refreshing = threading.Lock()  # one refresh at a time: snapshots only advance
         self._wanted = threading.Event()
         self._stop = threading.Event()
@@ -98,9 +106,10 @@ class MonitorCollector(Collector):
             try:
                 families = list(self._stream_families())
                 dropped = dict(self.engine.dropped)
+                joins = dict(self.joins())
             finally:
                 self.lock.release()
-            self._snapshot = (time.monotonic(), families, dropped)
+            self._snapshot = (time.monotonic(), families, dropped, joins)
             return True
         finally:
             self._refreshing.release()
@@ -174,6 +183,34 @@ class MonitorCollector(Collector):
                                   labels=["reason"])
         for reason, v in sorted(all_dropped.items()):
             fam.add_metric([reason], v)
+        yield fam
+        logs_received, logs_rejected = self.counters.logs_snapshot()
+        fam = CounterMetricFamily("assaywatch_log_records_received",
+                                  "OTLP log records accepted by each receiver: event "
+                                  "gen_ai.evaluation.result (evaluations, to the pipeline) "
+                                  "or other (discarded).", labels=["receiver", "event"])
+        for rec in RECEIVERS:
+            for event in (EVALUATION_EVENT, LOG_EVENT_OTHER):
+                logs_received.setdefault((rec, event), 0)
+        for (rec, event), v in sorted(logs_received.items()):
+            fam.add_metric([rec, event], v)
+        yield fam
+        fam = CounterMetricFamily("assaywatch_log_records_rejected",
+                                  "OTLP log records (or undecodable logs requests) refused "
+                                  "at the edge.", labels=["receiver", "reason"])
+        for (rec, reason), v in sorted(logs_rejected.items()):
+            fam.add_metric([rec, reason], v)
+        yield fam
+        fam = CounterMetricFamily("assaywatch_evaluation_joins",
+                                  "Evaluations received as log events, by what became of "
+                                  "them: on_trace, late, unmatched, invalid, waiting_limit; "
+                                  "digest_evicted counts closed traces forgotten early.",
+                                  labels=["outcome"])
+        joins = dict.fromkeys(JOIN_OUTCOMES, 0)
+        if snap is not None:
+            joins.update(snap[3])
+        for outcome, v in joins.items():
+            fam.add_metric([outcome], v)
         yield fam
         g = GaugeMetricFamily("assaywatch_pending_traces", "Traces waiting to be assembled.")
         g.add_metric([], self.pending())

@@ -84,6 +84,8 @@ class PipelineView(Protocol):
 
     def pending_traces(self) -> int: ...
 
+    # optional: ``join_counts() -> dict[str, int]``, the evaluation join's counts
+
 
 class MonitorView(Protocol):
     """What the metrics port reads of the running monitor (``service.monitor.Monitor``).
@@ -250,7 +252,9 @@ class StatusServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = MonitorCollector(monitor.engine, monitor.counters,
                                           monitor.pipeline.lock,
-                                          monitor.pipeline.pending_traces)
+                                          monitor.pipeline.pending_traces,
+                                          joins=getattr(monitor.pipeline, "join_counts",
+                                                        None))
         self.registry.register(self.collector)
         #: the last stream summaries read (served when the pipeline lock stays busy)
         self._summaries: list[dict[str, Any]] = []

@@ -131,6 +131,10 @@ class Pipeline:
     def pending_traces(self) -> int:
         return int(self.assembler.pending_traces)
 
+    def join_counts(self) -> dict[str, int]:
+        """What became of the evaluations received as log events (call under ``lock``)."""
+        return dict(self.assembler.join.counts)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="assaywatch-pipeline",
                                         daemon=True)

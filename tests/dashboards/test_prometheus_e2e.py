@@ -173,8 +173,8 @@ def _emit(provider: Any, scenario: str, n: int, behaviour: AgentBehaviour,
     provider.force_flush()
 
 
-def _post_malformed(monitor: MonitorProcess) -> int:
-    request = urllib.request.Request(f"http://{monitor.addresses['otlp_http']}/v1/traces",
+def _post_malformed(monitor: MonitorProcess, path: str = "/v1/traces") -> int:
+    request = urllib.request.Request(f"http://{monitor.addresses['otlp_http']}{path}",
                                      data=b"{not json", method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
@@ -221,7 +221,8 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
     rng = np.random.default_rng(20261201)
     grpc, _ = make_provider(monitor.addresses["otlp_grpc"], "grpc")
     http, _ = make_provider(monitor.addresses["otlp_http"], "http")
-    healthy = AgentBehaviour(pass_rate=0.9)
+    # a judge's helpfulness score on every run: the evaluation panels have an evaluator
+    healthy = AgentBehaviour(pass_rate=0.9, helpfulness=0.8)
     try:
         # baselines, then a full Hotelling window, for two streams; a third stream is over
         # the stream limit of 2, and its 300-character agent name is cut at the edge
@@ -230,6 +231,7 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
         _emit(http, "", LEARN + 30, healthy, rng)
         _emit(grpc, "overflow", 2, healthy, rng, agent="other-agent-" + "x" * 300)
         assert _post_malformed(monitor) == 400
+        assert _post_malformed(monitor, "/v1/logs") == 400  # log_records_rejected_total
         _wait("both baselines and a Hotelling test scraped", lambda: len(_query(
             prometheus, f'assaywatch_hotelling_p_value{{agent="{AGENT}"}}')) == 2)
         # two more scrapes, so the alarm counters have samples at 0 before the regression
@@ -261,9 +263,11 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
 VALUES: dict[str, list[str]] = {
     "agent": [AGENT], "version": ["1.0"], "scenario": ["refund", ""],
     "outcome": ["pass", "fail", "unknown"],
-    "detector": ["sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling"],
+    "detector": ["sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling", "evaluation"],
+    "evaluator": ["", "helpfulness"], "event": ["gen_ai.evaluation.result", "other"],
     "test": ["pass_rate", "fingerprint", "sprt"], "verdict": ["pass", "fail", "inconclusive"],
-    "window": ["baseline", "recent"], "feature": ["pass_rate", "n_steps", "tool_entropy"],
+    "window": ["baseline", "recent"], "feature": ["pass_rate", "n_steps", "tool_entropy",
+                                                      "evaluation:helpfulness"],
     "dimension": ["tool", "path", "state", "boundary", "model", "overall"],
     "receiver": ["otlp_grpc", "otlp_http"], "reason": ["invalid_argument", "late_span"],
 }
@@ -278,7 +282,7 @@ class StandIn:
 
     def value(self, family: str, labels: dict[str, str]) -> float:
         alarmed = (self.regressed and labels.get("scenario") == "refund"
-                   and labels.get("detector") == "sprt")
+                   and labels.get("detector") == "sprt" and not labels.get("evaluator"))
         if family in ("assaywatch_alarm", "assaywatch_alarms_total"):
             return float(alarmed)
         if family.endswith("_total"):

@@ -29,6 +29,9 @@ class AgentBehaviour:
     tool_calls: tuple[int, int] = (1, 3)
     latency_scale: float = 1.0
     error_rate: float = 0.02
+    #: when set, each run carries a ``helpfulness`` evaluation score on its agent span:
+    #: lumpy like a judge's (40% exactly 1.0, the rest uniform below), with this mean
+    helpfulness: float | None = None
 
 
 def make_provider(endpoint: str, protocol: str = "grpc", service: str = "support-svc",
@@ -100,6 +103,12 @@ def emit_run(tracer: object, rng: np.random.Generator, agent: str, version: str,
         tool.end(end_time=t)
     passed = bool(rng.random() < b.pass_rate)
     root.set_attribute("assaywatch.evaluation.passed", passed)
+    if b.helpfulness is not None:
+        # mean 0.4 + 0.6 * (c + (1 - c) / 2) with a share c at exactly 1.0
+        share_top = min(1.0, max(0.0, (b.helpfulness - 0.7) / 0.3))
+        score = 1.0 if rng.random() < share_top else float(0.4 + 0.6 * rng.random())
+        root.set_attribute("gen_ai.evaluation.name", "helpfulness")
+        root.set_attribute("gen_ai.evaluation.score.value", score)
     root.end(end_time=t)
     _last_end[key] = t
     return t
