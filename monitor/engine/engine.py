@@ -777,6 +777,8 @@ def _moved(detector: str, evidence: Any) -> list[str]:
         return [c for c in charts.split(",") if c][:5]
     if detector == "cusum_pass_rate":
         return ["pass_rate"]
+    if detector == EVALUATION:
+        return [f"{evidence.get('evaluator', '')} score"]
     moved = evidence.get("moved") or {}
     if isinstance(moved, dict):
         return [str(k) for k in sorted(moved, key=lambda k: -abs(float(moved[k])))][:5]

@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from assaywatch.analyzers.verdicts import wilson_interval
-from assaywatch.monitor.engine.streams import DETECTORS, StreamState, recent_pass_rate
+from assaywatch.monitor.engine.streams import (
+    DETECTORS,
+    StreamState,
+    alarm_name,
+    recent_pass_rate,
+    split_alarm_name,
+)
 
 #: Features listed as "what moved" per stream.
 TOP_MOVED = 5
@@ -46,13 +52,18 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
     recent = recent_pass_rate(st)
     base = st.baseline
     onsets: Mapping[str, Mapping[str, Any]] = getattr(st, "alarm_onsets", {}) or {}
+    evaluators = getattr(st, "evaluators", {}) or {}
     active = [d for d in DETECTORS if base is not None and st.alarm_active(d, hold)]
+    active += [alarm_name(n) for n in evaluators
+               if base is not None and st.alarm_active(alarm_name(n), hold)]
     shifts = {k: v for k, v in st.feature_shift.items() if math.isfinite(v)}
     top = sorted(shifts, key=lambda k: -abs(shifts[k]))[:TOP_MOVED]
     alarms = []
     for d in active:
         o = onsets.get(d, {})
-        alarms.append({"detector": d, "fired_at": _utc(o.get("time_ns")),
+        detector, evaluator = split_alarm_name(d)
+        alarms.append({"detector": detector, "evaluator": evaluator,
+                       "fired_at": _utc(o.get("time_ns")),
                        "run_index": o.get("run_index"), "run_id": o.get("run_id"),
                        "moved": list(o.get("moved") or [])})
     return {
@@ -78,7 +89,29 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
         "alarms_total": dict(st.alarms_total),
         "hotelling_p_value": st.hotelling_p,
         "disabled_detectors": dict(getattr(st, "disabled", {})),
+        "evaluators": [_evaluator(ev, base) for ev in evaluators.values()],
     }
+
+
+def _evaluator(ev: Any, base: Any) -> dict[str, Any]:
+    """One evaluator of a stream: its scores, its baseline and its detector's state."""
+    summary = base.evaluators.get(ev.name) if base is not None else None
+    det = ev.detector
+    return {"name": ev.name, "scores": ev.count, "recent_mean": ev.recent_mean,
+            "recent_n": len(ev.recent),
+            "baseline": None if summary is None else {
+                "n": summary.n, "mean": summary.mean, "scale": [summary.lo, summary.hi]},
+            "monitored": det is not None, "not_monitored_because": ev.disabled or None,
+            "statistic": None if det is None else det.statistic,
+            "threshold": None if det is None else det.h}
+
+
+def _fmt_evaluator(e: Mapping[str, Any]) -> str:
+    recent = "-" if e["recent_mean"] is None else f"{e['recent_mean']:.3f}"
+    b = e["baseline"]
+    base = "no baseline" if b is None else f"baseline {b['mean']:.3f} of {b['n']}"
+    state = "monitored" if e["monitored"] else f"not monitored: {e['not_monitored_because']}"
+    return f"{e['name']}: recent {recent} ({e['recent_n']}), {base}, {state}"
 
 
 def _fmt_rate(r: Mapping[str, Any] | None) -> str:
@@ -105,21 +138,24 @@ def _stream_block(s: Mapping[str, Any]) -> str:
     alarm_rows = []
     for a in s["alarms"]:
         moved = ", ".join(a["moved"]) or "-"
+        what = a["detector"] + (f' ({a["evaluator"]})' if a.get("evaluator") else "")
         alarm_rows.append(
-            f'<li class="alarm"><b>{_e(a["detector"])}</b> fired at '
+            f'<li class="alarm"><b>{_e(what)}</b> fired at '
             f'<span class="when">{_e(a["fired_at"] or "?")}</span> (run '
             f'{_e(a["run_index"] if a["run_index"] is not None else "?")} since the baseline '
             f'froze); moved: <span class="moved">{_e(moved)}</span></li>')
     alarms = ("<ul>" + "".join(alarm_rows) + "</ul>") if alarm_rows else \
         '<p class="ok">no active alarm</p>'
     moved = ", ".join(f"{m['feature']} {m['shift_sd']:+.2f} sd" for m in s["moved"]) or "-"
+    evals = "; ".join(_fmt_evaluator(e) for e in s.get("evaluators", [])) or "-"
     cls = "stream alarmed" if s["alarms"] else "stream"
     return f"""<section class="{cls}"><h2>{_e(name)}</h2>
 <table><tr><th>runs</th><td>{s['runs']}</td></tr>
 <tr><th>baseline</th><td>{base}</td></tr>
 <tr><th>recent pass rate</th><td>{_fmt_rate(s['recent_pass_rate_interval'])}</td></tr>
 <tr><th>verdicts</th><td>{_e(verdicts)}</td></tr>
-<tr><th>what moved (recent window)</th><td>{_e(moved)}</td></tr></table>
+<tr><th>what moved (recent window)</th><td>{_e(moved)}</td></tr>
+<tr><th>evaluators</th><td>{_e(evals)}</td></tr></table>
 {alarms}</section>"""
 
 

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from assaywatch.analyzers.model import Outcome, Run, StreamKey
 from assaywatch.monitor.config import DetectorConfig
 from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.exporters.page import status_page, stream_summary
 from assaywatch.monitor.exporters.prometheus import MonitorCollector
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.join import LateEvaluation
@@ -220,6 +221,16 @@ def test_an_evaluator_is_learned_into_the_baseline_and_alarms_on_a_drop_only() -
             assert got[0].to_dict()["evaluator"] == "helpfulness"
             break
     assert fired_at is not None and fired_at < 600
+    summary = stream_summary(st, hold=200)
+    assert summary["alarms"] == [{
+        "detector": "evaluation", "evaluator": "helpfulness",
+        "fired_at": summary["alarms"][0]["fired_at"], "run_index": 1_000,
+        "run_id": worse[fired_at].run_id, "moved": ["helpfulness score"]}]
+    (listed,) = summary["evaluators"]
+    assert listed["name"] == "helpfulness" and listed["monitored"]
+    assert listed["scores"] == 300 + 1_000 + fired_at + 1
+    assert listed["baseline"]["n"] == 150
+    assert "helpfulness: recent" in status_page([summary], {})
 
 
 def test_an_evaluator_first_seen_after_the_freeze_is_listed_but_not_monitored() -> None:
