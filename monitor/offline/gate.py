@@ -15,12 +15,19 @@ Per stream (agent, scenario; the candidate's version is compared with the baseli
     by how many baseline standard deviations. Calibrated by resampling when the samples
     are unbalanced or small (``calibration="auto"``): a permutation test when the baseline
     came as span files (its rows are known), else a bootstrap of the candidate.
+``evaluation:<evaluator>``
+    For each evaluator in the baseline (graded scores, ``gen_ai.evaluation.score.value``),
+    the candidate's mean score against the baseline's (analyzers/score_tests.py): Fail when
+    a drop is significant (Holm-adjusted) and a drop of ``score_drop`` (a fraction of the
+    evaluator's scale) is not ruled out; Pass when non-inferiority at ``baseline -
+    score_drop`` is shown at level beta and no drop is significant; else Inconclusive with
+    the candidate scores needed. A Fail blocks, like a pass-rate regression.
 ``coverage``
     The candidate's coverage against ``c_min``.
 
-The p-values of every stream's pass-rate and fingerprint tests form one Holm-Bonferroni
-family, so the chance that an unchanged candidate is held back by a false positive is at
-most alpha (when ``fingerprint_alpha`` equals ``alpha``; each test is judged against its own
+The p-values of every stream's pass-rate, fingerprint and evaluation tests form one
+Holm-Bonferroni family, so the chance that an unchanged candidate is held back by a false
+positive is at most alpha (when ``fingerprint_alpha`` equals ``alpha``; each test is judged against its own
 level on the adjusted p-value).
 
 What is guaranteed (tests/realworld/test_gate_rates.py measures it): an unchanged
@@ -55,6 +62,7 @@ from assaywatch.analyzers.coverage import coverage
 from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.hotelling import hotelling_two_sample
 from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
+from assaywatch.analyzers.score_tests import ScoreTestResult, score_verdict
 from assaywatch.analyzers.suite import holm
 from assaywatch.analyzers.verdicts import (
     candidate_sample_size,
@@ -93,6 +101,9 @@ class GatePolicy:
                               "pass-rate regression does: manual or block.")
     fingerprint_alpha: float = _f(0.05, "Significance level of the Hotelling T^2 test.")
     evaluation_threshold: float = _f(0.5, "An evaluation score at or above this is a pass.")
+    score_drop: float = _f(0.1, "Smallest drop of an evaluator's mean score, as a fraction "
+                           "of its scale (0.1 on 0-1 scores, 0.4 on a 1-5 rubric), that "
+                           "counts as a regression (evaluation tests).")
     contracts: dict[str, Any] = _f({}, "Contract rules deciding outcomes of runs that carry "
                                    "no evaluation (max_steps, required_tools, ...); also "
                                    "checked as a trace-first test (violation rate).")
@@ -116,7 +127,7 @@ class GatePolicy:
         return pol
 
     def validate(self, where: str = "gate config") -> None:
-        for name in ("alpha", "beta", "delta", "fingerprint_alpha"):
+        for name in ("alpha", "beta", "delta", "fingerprint_alpha", "score_drop"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 < v < 1:
                 raise ValueError(f"{where}: {name} must lie strictly between 0 and 1, got {v!r}")
@@ -166,6 +177,7 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
     streams: list[StreamResult] = []
     pr_raw: list[tuple[int, Any]] = []
     fp_raw: list[tuple[int, Any]] = []
+    ev_raw: list[tuple[int, ScoreTestResult]] = []
     matched: set[StreamKey] = set()
     for key in sorted(groups):
         runs = groups[key]
@@ -188,8 +200,10 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
             pr_raw.append((len(streams) - 1, res))
         if h is not None:
             fp_raw.append((len(streams) - 1, h))
+        ev_raw.extend((len(streams) - 1, r) for r in evaluation_statistics(base, runs, policy,
+                                                                          rows))
         add_coverage_test(sr, runs, base.tools, policy.c_min)
-    judge(streams, pr_raw, fp_raw, policy)
+    judge(streams, pr_raw, fp_raw, policy, ev_raw)
     _trace_first(streams, baseline_runs, candidate_runs, policy)
     for b in baselines:
         if b.key not in matched and not any(
@@ -230,17 +244,73 @@ def stream_statistics(sr: StreamResult, base: Baseline, k_c: int, n_c: int,
     return res, h
 
 
+def evaluation_statistics(base: Baseline, runs: Sequence[Run], policy: GatePolicy,
+                          baseline_runs: Sequence[Run] = ()) -> list[ScoreTestResult]:
+    """One score comparison per evaluator of the baseline that scored candidate runs
+    (its runs' own scores when the baseline came as span files)."""
+    out = []
+    for name, summary in sorted(base.evaluators.items()):
+        cand = [r.scores[name] for r in runs if name in r.scores]
+        if not cand:
+            continue
+        own = [r.scores[name] for r in baseline_runs if name in r.scores]
+        out.append(score_verdict(name, summary, cand, policy.score_drop,
+                                 own if len(own) == summary.n else None))
+    return out
+
+
 def judge(streams: list[StreamResult], pr_raw: list[tuple[int, Any]],
-          fp_raw: list[tuple[int, Any]], policy: GatePolicy) -> None:
-    """Decide every stream's pass-rate and fingerprint tests as one Holm-Bonferroni family
-    (indices into ``streams``), adding their TestResults."""
-    # One family over every test that can stop a deploy (the pass-rate and the fingerprint
-    # test of every stream), so an unchanged suite is held back by a false positive with
-    # probability at most alpha, however many streams and tests it has.
-    adjusted = holm([r.p_value for _, r in pr_raw] + [float(h.p_value) for _, h in fp_raw])
+          fp_raw: list[tuple[int, Any]], policy: GatePolicy,
+          ev_raw: Sequence[tuple[int, ScoreTestResult]] = ()) -> None:
+    """Decide every stream's pass-rate, fingerprint and evaluation tests as one
+    Holm-Bonferroni family (indices into ``streams``), adding their TestResults."""
+    # One family over every test that can stop a deploy (the pass-rate, the fingerprint
+    # and the evaluation tests of every stream), so an unchanged suite is held back by a
+    # false positive with probability at most alpha, however many streams and tests it has.
+    adjusted = holm([r.p_value for _, r in pr_raw] + [float(h.p_value) for _, h in fp_raw]
+                    + [r.p_value for _, r in ev_raw])
     family = len(adjusted)
-    _pass_rate_tests(streams, pr_raw, adjusted[:len(pr_raw)], policy, family)
-    _fingerprint_tests(streams, fp_raw, adjusted[len(pr_raw):], policy)
+    n_pr, n_fp = len(pr_raw), len(fp_raw)
+    _pass_rate_tests(streams, pr_raw, adjusted[:n_pr], policy, family)
+    _fingerprint_tests(streams, fp_raw, adjusted[n_pr:n_pr + n_fp], policy)
+    _evaluation_tests(streams, ev_raw, adjusted[n_pr + n_fp:], policy, family)
+
+
+def _evaluation_tests(streams: list[StreamResult], raw: Sequence[tuple[int, ScoreTestResult]],
+                      adjusted: list[float], policy: GatePolicy, family: int) -> None:
+    for (i, r), p_adj in zip(raw, adjusted, strict=True):
+        worse, within = p_adj < policy.alpha, r.ni_p_value < policy.beta
+        drop = f"{policy.score_drop:g} of the scale"
+        n_required = 0
+        if worse and not within:
+            verdict, msg = Verdict.FAIL, (
+                f"{r.evaluator} score fell from {r.mean_b:.3f} to {r.mean_c:.3f} (of 1; Holm "
+                f"p = {p_adj:.2g} < {policy.alpha}); a drop of {drop} is not ruled out "
+                f"(non-inferiority p = {r.ni_p_value:.2g})")
+        elif within and not worse:
+            verdict, msg = Verdict.PASS, (
+                f"{r.evaluator}: no worse than baseline - {drop} (non-inferiority p = "
+                f"{r.ni_p_value:.2g} < {policy.beta}), no significant drop (Holm p = "
+                f"{p_adj:.2g})")
+        elif worse:
+            verdict, msg = Verdict.INCONCLUSIVE, (
+                f"{r.evaluator}: a real drop from {r.mean_b:.3f} to {r.mean_c:.3f} (Holm p = "
+                f"{p_adj:.2g}), shown smaller than {drop}")
+        else:
+            n_required = r.n_required(policy.alpha / max(1, family), policy.beta) or 0
+            need = (f"about {n_required} candidate scores are needed" if n_required else
+                    f"the baseline's {r.n_b} scores are too few: record more baseline runs")
+            verdict, msg = Verdict.INCONCLUSIVE, (
+                f"{r.evaluator}: not enough scores: no significant drop (Holm p = "
+                f"{p_adj:.2g}) but a drop of {drop} not ruled out (non-inferiority p = "
+                f"{r.ni_p_value:.2g} >= {policy.beta}); {need}")
+        stats = {"p_value": r.p_value, "p_value_holm": p_adj,
+                 "p_value_noninferiority": r.ni_p_value, "family_size": family,
+                 "mean_baseline": r.mean_b, "mean_candidate": r.mean_c,
+                 "difference": r.difference, "n_baseline": r.n_b, "n_candidate": r.n_c,
+                 "score_drop": policy.score_drop, "n_required": n_required}
+        streams[i].tests.append(TestResult(f"{EVALUATION_TEST}{r.evaluator}", verdict.value,
+                                           stats, msg))
 
 
 def add_coverage_test(sr: StreamResult, runs: Sequence[Run], tools: Sequence[str],
@@ -317,6 +387,8 @@ def _fingerprint_tests(streams: list[StreamResult], raw: list[tuple[int, Any]],
 #: Tests that judge the pass rate: the offline regression verdict, the live gate's SPRT.
 PASS_RATE_TESTS = ("pass_rate", "sprt")
 TRACE_FIRST_EXEMPT = ("baseline", *PASS_RATE_TESTS, "fingerprint", "coverage")
+#: Name prefix of the evaluation tests (``evaluation:helpfulness``).
+EVALUATION_TEST = "evaluation:"
 
 
 def _trace_first(streams: list[StreamResult], baseline_runs: Sequence[Run] | None,
@@ -349,8 +421,14 @@ def decision(streams: list[StreamResult], policy: GatePolicy,
     regressed = find(PASS_RATE_TESTS, "fail")
     if regressed:
         return BLOCK, f"pass-rate regression in {', '.join(regressed)}"
+    scored = sorted({f"{s.name} ({t.name.removeprefix(EVALUATION_TEST)})" for s in streams
+                     for t in s.tests
+                     if t.name.startswith(EVALUATION_TEST) and t.verdict == "fail"})
+    if scored:
+        return BLOCK, f"evaluation score regression in {', '.join(scored)}"
     broken = sorted({f"{s.name} ({t.name})" for s in streams for t in s.tests
-                     if t.name not in TRACE_FIRST_EXEMPT and t.verdict == "fail"})
+                     if t.name not in TRACE_FIRST_EXEMPT and t.verdict == "fail"
+                     and not t.name.startswith(EVALUATION_TEST)})
     if broken:
         return BLOCK, f"contract or relation violations rose in {', '.join(broken)}"
     shifted = find(("fingerprint",), "fail")

@@ -1,0 +1,220 @@
+"""Candidate against baseline on one evaluator's graded scores: the gate's tests.
+
+Scores are mapped to [0, 1] with the evaluator's scale (``detectors/score.py``); ``drop``
+is the smallest fall of the mean, as a fraction of the scale, that counts (the gate's
+``score_drop``, default 0.1). Two questions, as for the pass rate (``verdicts.py``):
+
+- **did the mean drop?** H0: mu_c >= mu_b against mu_c < mu_b;
+- **is the candidate no worse than baseline - drop?** (non-inferiority) H0: mu_c <=
+  mu_b - drop against mu_c > mu_b - drop.
+
+**Fixed n** (:func:`score_verdict`, the offline gate): Welch's t statistics on the two
+samples (the baseline given as count, mean and variance: its summary, or its runs' scores
+when the baseline came as span files). Scores are bounded, so the central limit theorem
+holds quickly even for lumpy, ordinal scores; the variance gets one pseudo-observation of
+maximal variance (0.25 on [0, 1]) so a sample of identical scores does not claim
+certainty. Its Type I error on realistic lumpy scores is measured in
+tests/analyzers/test_score_tests.py.
+
+**Sequential** (:class:`SequentialScoreTest`, ``gate --run``): two test supermartingales
+on the candidate's scores y_1, y_2, ... (betting e-processes, valid at any stopping time
+by Ville's inequality, for any distribution on [0, 1], no Gaussian approximation):
+
+- regression: ``E_F = prod (1 + lam_F (m_lo - y_i))``; Fail when ``E_F >= 2 / alpha``,
+  with ``m_lo`` the baseline mean's lower confidence bound at level 1 - alpha / 2;
+- non-inferiority: ``E_P = prod (1 + lam_P (y_i - (m_hi - drop)))``; Pass when
+  ``E_P >= 2 / beta``, with ``m_hi`` the upper bound at level 1 - beta / 2.
+
+So an unchanged candidate is failed with probability at most alpha (alpha / 2 for the
+baseline's estimate, alpha / 2 for the e-process) and a candidate whose mean dropped by
+``drop`` or more passes with probability at most beta. The bets are fixed before the
+first run: ``lam_F`` maximises the expected log-growth under the baseline's score
+distribution shifted down by ``drop``, ``lam_P`` under the baseline's own distribution
+(the candidate the gate hopes to see). A real regression rarely is a clean shift (a
+judge's 1.0s stay 1.0s while some answers collapse to the bottom): each e-process is the
+average of three, betting half, once and twice the designed bet (an average of
+e-processes is one), which measured 99 scores instead of 271 to fail such a lumpy drop
+for 3-8% more scores on a clean one (tests/analyzers/test_score_tests.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats
+from scipy.special import logsumexp
+
+from assaywatch.analyzers.detectors.score import ScoreSummary
+from assaywatch.analyzers.model import Verdict
+
+
+def _moments(values: NDArray[np.float64]) -> tuple[int, float, float]:
+    n = int(values.size)
+    return n, float(values.mean()) if n else float("nan"), \
+        float(values.var(ddof=1)) if n > 1 else 0.0
+
+
+def _eff_var(n: int, var: float) -> float:
+    return (n * var + 0.25) / (n + 1)
+
+
+def normalise(scores: Sequence[float] | NDArray[np.float64],
+              summary: ScoreSummary) -> NDArray[np.float64]:
+    """Scores on [0, 1] with the baseline evaluator's scale (clipped)."""
+    x = np.asarray(scores, dtype=float)
+    x = x[np.isfinite(x)]
+    out: NDArray[np.float64] = np.clip((x - summary.lo) / (summary.hi - summary.lo), 0.0, 1.0)
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreTestResult:
+    """The two one-sided p-values of a fixed-n comparison, on the [0, 1] scale."""
+
+    evaluator: str
+    n_b: int
+    n_c: int
+    mean_b: float
+    mean_c: float
+    var_b: float
+    var_c: float
+    drop: float
+    #: p-value of "the mean dropped" (small: it did)
+    p_value: float
+    #: p-value of the non-inferiority null "dropped by ``drop`` or more" (small: it did not)
+    ni_p_value: float
+
+    @property
+    def difference(self) -> float:
+        return self.mean_c - self.mean_b
+
+    def n_required(self, alpha: float, beta: float) -> int | None:
+        """Candidate scores a design at level ``alpha`` needs to show non-inferiority with
+        power 1 - beta when nothing changed (None: the baseline is too small)."""
+        z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - beta)
+        se2 = (self.drop / z) ** 2 - _eff_var(self.n_b, self.var_b) / max(self.n_b, 1)
+        if se2 <= 0:
+            return None
+        return int(math.ceil(_eff_var(max(self.n_c, 1), self.var_c or self.var_b) / se2))
+
+
+def score_verdict(evaluator: str, summary: ScoreSummary, candidate: Sequence[float],
+                  drop: float = 0.1,
+                  baseline_scores: Sequence[float] | None = None) -> ScoreTestResult:
+    """Welch's one-sided tests of the candidate's scores against the baseline's (module
+    docstring); ``baseline_scores``, when the baseline's runs are at hand, replace its
+    summary."""
+    if not 0 < drop < 1:
+        raise ValueError(f"drop must be in (0, 1) of the scale, got {drop}")
+    y = normalise(candidate, summary)
+    n_c, m_c, v_c = _moments(y)
+    if baseline_scores is not None and len(baseline_scores) >= 2:
+        n_b, m_b, v_b = _moments(normalise(baseline_scores, summary))
+    else:
+        n_b = summary.n
+        m_b, v_b = summary.normalised()
+    if n_c == 0 or n_b == 0:
+        return ScoreTestResult(evaluator, n_b, n_c, m_b, m_c, v_b, v_c, drop, 1.0, 1.0)
+    a, b = _eff_var(n_b, v_b) / n_b, _eff_var(n_c, v_c) / n_c
+    se = math.sqrt(a + b)
+    df = (a + b) ** 2 / (a * a / max(n_b - 1, 1) + b * b / max(n_c - 1, 1))
+    p = float(stats.t.cdf((m_c - m_b) / se, df))
+    p_ni = float(stats.t.sf((m_c - m_b + drop) / se, df))
+    return ScoreTestResult(evaluator, n_b, n_c, m_b, m_c, v_b, v_c, drop, p, p_ni)
+
+
+#: The bets of each e-process, as multiples of the designed one (module docstring).
+BET_SPREAD = (0.5, 1.0, 2.0)
+
+
+def _spread(lam: float, top: float) -> NDArray[np.float64]:
+    return np.minimum(lam * np.array(BET_SPREAD), top)
+
+
+def _log_mean_exp(logs: NDArray[np.float64]) -> float:
+    return float(logsumexp(logs) - math.log(logs.size))
+
+
+def _best_bet(ys: NDArray[np.float64], ps: NDArray[np.float64], centre: float,
+              sign: float, grid: int = 400) -> float:
+    """The bet lam maximising E[log(1 + lam * sign * (y - centre))] over the distribution
+    (ys, ps), on [0, 0.99 * the largest bet keeping every factor positive)."""
+    worst = centre if sign > 0 else 1.0 - centre  # largest loss per unit of bet
+    top = 0.99 / max(worst, 1e-3)
+    lams = np.linspace(0.0, top, grid + 1)[1:]
+    growth = (ps[None, :] * np.log1p(lams[:, None] * sign * (ys[None, :] - centre))).sum(1)
+    i = int(np.argmax(growth))
+    return float(lams[i]) if growth[i] > 0 else float(lams[0])
+
+
+class SequentialScoreTest:
+    """The live gate's anytime-valid test of one evaluator (module docstring).
+
+    Feed candidate scores with :meth:`update`; :attr:`decision` becomes FAIL (the mean
+    dropped) or PASS (no worse than baseline - ``drop``) at the first crossing.
+    """
+
+    def __init__(self, evaluator: str, summary: ScoreSummary, *, alpha: float = 0.05,
+                 beta: float = 0.1, drop: float = 0.1) -> None:
+        if summary.n < 2:
+            raise ValueError("an evaluator baseline needs at least 2 scores")
+        self.evaluator = evaluator
+        self.summary = summary
+        self.alpha, self.beta, self.drop = alpha, beta, drop
+        m, v = summary.normalised()
+        se = math.sqrt(_eff_var(summary.n, v) / summary.n)
+        self.m_lo = max(1e-6, m - float(stats.norm.ppf(1 - alpha / 2)) * se)
+        self.m_hi = min(1.0, m + float(stats.norm.ppf(1 - beta / 2)) * se)
+        ys, ps = summary.levels()
+        if ys.size == 0:
+            ys, ps = np.array([m]), np.array([1.0])
+        self.lam_fail = _best_bet(np.clip(ys - drop, 0.0, 1.0), ps, self.m_lo, -1.0)
+        self.centre_pass = max(1e-6, self.m_hi - drop)
+        self.lam_pass = _best_bet(ys, ps, self.centre_pass, 1.0)
+        self.bets_fail = _spread(self.lam_fail, 0.99 / (1.0 - self.m_lo))
+        self.bets_pass = _spread(self.lam_pass, 0.99 / self.centre_pass)
+        self._logs_fail = np.zeros(len(BET_SPREAD))
+        self._logs_pass = np.zeros(len(BET_SPREAD))
+        self.log_fail = 0.0
+        self.log_pass = 0.0
+        self.h_fail = math.log(2.0 / alpha)
+        self.h_pass = math.log(2.0 / beta)
+        self.n = 0
+        self.decision: Verdict | None = None
+
+    def update(self, score: float) -> None:
+        if self.decision is not None or not math.isfinite(score):
+            return
+        s = self.summary
+        y = min(max((score - s.lo) / (s.hi - s.lo), 0.0), 1.0)
+        self.n += 1
+        self._logs_fail += np.log1p(self.bets_fail * (self.m_lo - y))
+        self._logs_pass += np.log1p(self.bets_pass * (y - self.centre_pass))
+        self.log_fail = _log_mean_exp(self._logs_fail)
+        self.log_pass = _log_mean_exp(self._logs_pass)
+        if self.log_fail >= self.h_fail:
+            self.decision = Verdict.FAIL
+        elif self.log_pass >= self.h_pass:
+            self.decision = Verdict.PASS
+
+    def simulate(self, draw: NDArray[np.float64]) -> tuple[NDArray[np.int8], NDArray[np.int64]]:
+        """The decisions of replicates (rows of ``draw``, scores in the evaluator's units):
+        +1 Fail, -1 Pass, 0 undecided after all columns; and the scores each spent."""
+        s = self.summary
+        y = np.clip((draw - s.lo) / (s.hi - s.lo), 0.0, 1.0)
+        lf = logsumexp([np.cumsum(np.log1p(b * (self.m_lo - y)), axis=1)
+                        for b in self.bets_fail], axis=0) - math.log(len(self.bets_fail))
+        lp = logsumexp([np.cumsum(np.log1p(b * (y - self.centre_pass)), axis=1)
+                        for b in self.bets_pass], axis=0) - math.log(len(self.bets_pass))
+        cols = draw.shape[1]
+        first_f = np.where((lf >= self.h_fail).any(1), (lf >= self.h_fail).argmax(1), cols)
+        first_p = np.where((lp >= self.h_pass).any(1), (lp >= self.h_pass).argmax(1), cols)
+        out = np.zeros(draw.shape[0], dtype=np.int8)
+        out[(first_f <= first_p) & (first_f < cols)] = 1
+        out[(first_p < first_f)] = -1
+        n = np.minimum(np.minimum(first_f, first_p) + 1, cols).astype(np.int64)
+        return out, n
