@@ -27,8 +27,8 @@ Per stream (agent, scenario; the candidate's version is compared with the baseli
 
 The p-values of every stream's pass-rate, fingerprint and evaluation tests form one
 Holm-Bonferroni family, so the chance that an unchanged candidate is held back by a false
-positive is at most alpha (when ``fingerprint_alpha`` equals ``alpha``; each test is judged against its own
-level on the adjusted p-value).
+positive is at most alpha (when ``fingerprint_alpha`` equals ``alpha``; each test is
+judged against its own level on the adjusted p-value).
 
 What is guaranteed (tests/realworld/test_gate_rates.py measures it): an unchanged
 candidate is blocked, or sent to review by a test that rejected, with probability at most
