@@ -1,4 +1,4 @@
-"""``assaywatch record``: receive OTLP traces and append them to a span file.
+"""``assaywatch record``: receive OTLP traces and logs and append them to a span file.
 
 The recorder runs the monitor's own receivers (``GrpcReceiver`` and ``HttpReceiver``, the
 same OTLP answers: partial success for bad ids, 400 / INVALID_ARGUMENT for undecodable
@@ -15,6 +15,11 @@ What the file holds
     scope version and attributes, schema URLs. The decoder reads none of them
     (``decode.py``), so reading the file gives the spans the monitor would have seen,
     record for record (``tests/monitor/test_record.py`` checks the round trip).
+    OTLP logs (gRPC LogsService, HTTP ``/v1/logs``): each ``gen_ai.evaluation.result``
+    event becomes an evaluation record and a logs request's records one
+    ``ExportLogsServiceRequest`` line (hex ids; its evaluation attributes only, never the
+    explanation or the body); other log records are not written
+    (``monitor/receivers/files/records_json.py``).
 
 Writing
     Each request is encoded on its receiver thread, then written, flushed to the OS and
@@ -33,10 +38,8 @@ cannot be opened or written (one-line message, never a traceback).
 from __future__ import annotations
 
 import argparse
-import base64
 import gzip
 import json
-import math
 import os
 import signal
 import socket
@@ -44,6 +47,8 @@ import sys
 import threading
 from collections.abc import Iterable
 from typing import IO, Any
+
+from assaywatch.monitor.receivers.spans import KIND_EVALUATION  # light: the standard library
 
 __all__ = ["SpanFileWriter", "records_to_json", "register", "run"]
 
@@ -58,17 +63,21 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "record",
-        help="receive OTLP traces and append them to a span file (for baseline build, gate)",
+        help="receive OTLP traces and logs and append them to a span file (for baseline "
+             "build, gate)",
         description=(
-            "Receive OTLP traces (gRPC and HTTP /v1/traces, protobuf or JSON, gzip) with the "
+            "Receive OTLP traces (gRPC TraceService and HTTP /v1/traces) and logs (gRPC "
+            "LogsService and HTTP /v1/logs), protobuf or JSON, gzip or deflate, with the "
             "monitor's receivers and append them to PATH as OTLP JSON Lines, one request "
             "per line: the span file `assaywatch baseline build` and `assaywatch gate` "
-            "read. PATH ending in .gz is gzip-compressed. Traces only: OTLP logs "
-            "(/v1/logs, LogsService) are not received yet, so evaluations must be "
-            "recorded on spans. Binds loopback by default; a port of 0 picks a free port "
+            "read. Of the logs, the gen_ai.evaluation.result events are written (their "
+            "evaluation name, score, label and pass flag; never the explanation or the "
+            "body); other log records are accepted and not written. PATH ending in .gz is "
+            "gzip-compressed. Binds loopback by default; a port of 0 picks a free port "
             "(the bound addresses are printed). Runs until SIGTERM or SIGINT, then "
-            "flushes, closes the file and prints 'wrote N spans (M traces) to PATH'. "
-            "Exit 0 then; 3 for a port in use or a file that cannot be written."),
+            "flushes, closes the file and prints 'wrote N spans (M traces) to PATH' "
+            "(and how many evaluations). Exit 0 then; 3 for a port in use or a file that "
+            "cannot be written."),
     )
     p.add_argument("-o", "--output", required=True, metavar="PATH",
                    help="span file to append to (created if missing; gzip when it ends in .gz)")
@@ -82,84 +91,6 @@ def register(sub: Any) -> None:
                    help="rotate PATH once it holds N bytes: it becomes PATH.1, older files "
                         "shift to PATH.2, ... (default: never)")
     p.set_defaults(func=run)
-
-
-# --------------------------------------------------------------------------- encoding
-
-
-def _any_json(v: object) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        if math.isfinite(v):
-            return {"doubleValue": v}
-        return {"doubleValue": "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")}
-    if isinstance(v, str):
-        return {"stringValue": v}
-    if isinstance(v, bytes):
-        return {"bytesValue": base64.b64encode(v).decode("ascii")}
-    if isinstance(v, (tuple, list)):
-        return {"arrayValue": {"values": [_any_json(x) for x in v]}}
-    if isinstance(v, dict):
-        return {"kvlistValue": {"values": _kvs_json(v)}}
-    return {"stringValue": str(v)}
-
-
-def _kvs_json(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _any_json(v)} for k, v in attrs.items()]
-
-
-def _span_json(s: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"traceId": s.trace_id, "spanId": s.span_id}
-    if s.parent_span_id:
-        out["parentSpanId"] = s.parent_span_id
-    out["name"] = s.name
-    if s.kind:
-        out["kind"] = int(s.kind)
-    out["startTimeUnixNano"] = str(s.start_ns)
-    out["endTimeUnixNano"] = str(s.end_ns)
-    if s.attributes:
-        out["attributes"] = _kvs_json(s.attributes)
-    if s.events:
-        events = []
-        for e in s.events:
-            ev: dict[str, Any] = {"timeUnixNano": str(e.time_ns), "name": e.name}
-            if e.attributes:
-                ev["attributes"] = _kvs_json(e.attributes)
-            events.append(ev)
-        out["events"] = events
-    status: dict[str, Any] = {}
-    if s.status_message:
-        status["message"] = s.status_message
-    if s.status_code:
-        status["code"] = int(s.status_code)
-    out["status"] = status
-    return out
-
-
-def records_to_json(spans: Iterable[Any]) -> dict[str, Any]:
-    """``SpanRecord``\\ s as one OTLP/JSON ``ExportTraceServiceRequest`` (hex ids).
-
-    Spans are grouped by resource (the decoders share one resource dict among the spans of
-    a ``ResourceSpans``, so identity groups them as they arrived) and scope name.
-    """
-    groups: dict[int, tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]] = {}
-    for s in spans:
-        entry = groups.get(id(s.resource))
-        if entry is None:
-            entry = groups[id(s.resource)] = (s.resource, {})
-        entry[1].setdefault(s.scope_name, []).append(_span_json(s))
-    resource_spans = []
-    for resource, scopes in groups.values():
-        scope_spans = [{"scope": {"name": name} if name else {}, "spans": items}
-                       for name, items in scopes.items()]
-        resource_spans.append({"resource": {"attributes": _kvs_json(resource)},
-                               "scopeSpans": scope_spans})
-    return {"resourceSpans": resource_spans}
 
 
 # --------------------------------------------------------------------------- the file
@@ -185,6 +116,8 @@ class SpanFileWriter:
         self.rotate_bytes = rotate_bytes
         self.gzip = path.endswith(".gz")
         self.spans = 0
+        #: Evaluation records written (``gen_ai.evaluation.result`` log records).
+        self.evaluations = 0
         self.rotations = 0
         self._traces: set[str] = set()
         self._lock = threading.Lock()
@@ -243,8 +176,10 @@ class SpanFileWriter:
         self.rotations += 1
         self._open()
 
-    def write(self, line: bytes, spans: int, trace_ids: Iterable[str]) -> bool:
+    def write(self, line: bytes, spans: int, trace_ids: Iterable[str],
+              evaluations: int = 0) -> bool:
         """Append one line (ending in ``\\n``) and flush it; False once closed.
+        ``spans`` and ``trace_ids`` (of the spans) or ``evaluations`` are counted.
 
         Raises OSError when the file cannot be written (the caller stops recording).
         """
@@ -265,6 +200,7 @@ class SpanFileWriter:
                 raw.flush()
             self._size = raw.tell()
             self.spans += spans
+            self.evaluations += evaluations
             self._traces.update(trace_ids)
             return True
 
@@ -278,7 +214,10 @@ class SpanFileWriter:
 
 
 class RecordSink:
-    """The receivers' :class:`SpanSink`: every request becomes one line of the file.
+    """The receivers' :class:`SpanSink`: every request becomes one line of the file (an
+    ``ExportTraceServiceRequest`` of its spans, or an ``ExportLogsServiceRequest`` of its
+    evaluation records; a batch holding both, which the receivers never hand over,
+    would become two lines).
 
     A write error is remembered in :attr:`error` (the request is refused, so the exporter
     keeps its spans and retries) and sets :attr:`failed`, which stops the recorder.
@@ -290,17 +229,38 @@ class RecordSink:
         self.failed = threading.Event()
 
     def offer(self, spans: list[Any], receiver: str) -> bool:
+        from assaywatch.monitor.receivers.files.records_json import evaluations_to_json
+
         if self.error is not None:
             return False
-        line = (json.dumps(records_to_json(spans), separators=(",", ":"),
-                           ensure_ascii=False) + "\n").encode("utf-8")
+        evaluations = [s for s in spans if s.kind == KIND_EVALUATION]
+        if evaluations:
+            spans = [s for s in spans if s.kind != KIND_EVALUATION]
         try:
-            return self.writer.write(line, len(spans), (s.trace_id for s in spans))
+            if spans and not self.writer.write(_line(records_to_json(spans)), len(spans),
+                                               (s.trace_id for s in spans)):
+                return False
+            if evaluations:
+                return self.writer.write(_line(evaluations_to_json(evaluations)), 0, (),
+                                         len(evaluations))
+            return True
         except OSError as exc:
             if self.error is None:
                 self.error = exc
             self.failed.set()
             return False
+
+
+def records_to_json(spans: Iterable[Any]) -> dict[str, Any]:
+    """``SpanRecord``\\ s as one OTLP/JSON ``ExportTraceServiceRequest`` (hex ids); see
+    :func:`~assaywatch.monitor.receivers.files.records_json.records_to_json`."""
+    from assaywatch.monitor.receivers.files.records_json import records_to_json as render
+
+    return render(spans)
+
+
+def _line(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
 
 
 # --------------------------------------------------------------------------- command
@@ -423,6 +383,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return 3
     print(f"wrote {writer.spans} spans ({writer.traces} traces) to {args.output}", flush=True)
+    if writer.evaluations:
+        print(f"wrote {writer.evaluations} evaluations (gen_ai.evaluation.result log "
+              f"records) to {args.output}", flush=True)
     if writer.rotations:
         print(f"rotated {writer.rotations} times: older spans are in {args.output}.1, "
               f"{args.output}.2, ... (pass them all to baseline build or gate)", flush=True)

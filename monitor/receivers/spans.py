@@ -23,6 +23,9 @@ STATUS_ERROR = 2
 KIND_EVALUATION = 100
 #: The GenAI event name of an evaluation result.
 EVALUATION_EVENT = "gen_ai.evaluation.result"
+#: ``event`` label of ``IngestCounters.logs_received`` for every log record that is not
+#: an evaluation event (accepted and discarded).
+LOG_EVENT_OTHER = "other"
 #: The log-record attributes an evaluation record keeps: the evaluator, its outcome
 #: (score value, label, pass flag), and the stream-identifying keys when the log record
 #: carries them. ``gen_ai.evaluation.explanation`` and the body are content: never kept.
@@ -157,7 +160,7 @@ class IngestCounters:
             self.sanitised[(receiver, reason)] += n
 
     def add_logs_received(self, receiver: str, event: str, n: int = 1) -> None:
-        """``event``: :data:`EVALUATION_EVENT` or ``"other"``."""
+        """``event``: :data:`EVALUATION_EVENT` or :data:`LOG_EVENT_OTHER`."""
         with self._lock:
             self.logs_received[(receiver, event)] += n
 

@@ -233,3 +233,89 @@ def test_reading_is_streaming_with_flat_memory(tmp_path: Path) -> None:
     # ~21 MB (measured with list(read_spans(...))), so 3 MiB separates the two clearly.
     assert total > 8 << 20
     assert peak < 3 << 20
+
+
+# --------------------------------------------------------------------------- OTLP logs
+
+
+def evaluation_logs(spans: list[Any]) -> Any:
+    """An ``ExportLogsServiceRequest`` (the SDK's encoder) holding one evaluation event of
+    the first span and one plain application log record."""
+    from opentelemetry._logs import LogRecord as ApiLogRecord
+    from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import (
+        InMemoryLogRecordExporter,
+        SimpleLogRecordProcessor,
+    )
+    from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+    memory = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(memory))
+    logger = provider.get_logger("evals")
+    ctx = set_span_in_context(NonRecordingSpan(spans[0].context))
+    logger.emit(ApiLogRecord(timestamp=1_700_000_000_000_000_001, context=ctx,
+                             event_name="gen_ai.evaluation.result", body="the answer",
+                             attributes={"gen_ai.evaluation.name": "relevance",
+                                         "gen_ai.evaluation.score.value": 0.5,
+                                         "gen_ai.evaluation.explanation": "because"}))
+    logger.emit(ApiLogRecord(timestamp=1, context=ctx, body="plain"))
+    provider.shutdown()
+    return encode_logs(memory.get_finished_logs())
+
+
+def assert_evaluation(record: SpanRecord, span: Any) -> None:
+    from assaywatch.monitor.receivers.spans import KIND_EVALUATION
+
+    assert (record.kind, record.name, record.start_ns) == (
+        KIND_EVALUATION, "gen_ai.evaluation.result", 1_700_000_000_000_000_001)
+    assert record.trace_id == format(span.context.trace_id, "032x")
+    assert record.span_id == format(span.context.span_id, "016x")
+    assert record.attributes == {"gen_ai.evaluation.name": "relevance",
+                                 "gen_ai.evaluation.score.value": 0.5}
+
+
+@pytest.mark.parametrize("name", ["mixed.jsonl", "mixed.jsonl.gz"])
+def test_a_logs_line_beside_a_traces_line_gives_evaluation_records(tmp_path: Path,
+                                                                   name: str) -> None:
+    from assaywatch.monitor.receivers.files import logs_request_to_json
+
+    path = str(tmp_path / name)
+    spans = sdk_spans(1)
+    write_otlp_json_lines(path, spans)
+    line = json.dumps(logs_request_to_json(evaluation_logs(spans))) + "\n"
+    opener: Any = gzip.open if name.endswith(".gz") else open
+    with opener(path, "ab") as fh:
+        fh.write(line.encode())
+    stats = ReadStats()
+    batches = list(read_spans([path], strict=True, stats=stats))
+    assert [len(b) for b in batches] == [len(spans), 1]
+    assert_same(batches[0], spans)
+    assert_evaluation(batches[1][0], spans[0])
+    assert (stats.spans, stats.evaluations, stats.other_log_records) == (len(spans), 1, 1)
+
+
+def test_logs_frames_beside_traces_frames_in_a_proto_file(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.pb"
+    spans = sdk_spans(1)
+    with open(path, "wb") as fh:
+        write_proto_frame(fh, evaluation_logs(spans).SerializeToString())
+        write_proto_frame(fh, encode_spans(spans).SerializeToString())
+    batches = list(read_spans([str(path)], strict=True))
+    assert [len(b) for b in batches] == [1, len(spans)]
+    assert_evaluation(batches[0][0], spans[0])
+    assert_same(batches[1], spans)
+
+
+def test_a_rejected_evaluation_is_a_read_issue(tmp_path: Path) -> None:
+    path = tmp_path / "logs.jsonl"
+    record = {"eventName": "gen_ai.evaluation.result", "spanId": "00f067aa0ba902b7",
+              "attributes": [{"key": "gen_ai.evaluation.score.value",
+                              "value": {"doubleValue": 1.0}}]}
+    path.write_text(json.dumps({"resourceLogs": [{"scopeLogs": [
+        {"logRecords": [record, dict(record, traceId=TID)]}]}]}) + "\n")
+    issues: list[ReadIssue] = []
+    (batch,) = list(read_spans([str(path)], on_error=issues.append))
+    assert [r.trace_id for r in batch] == [TID]
+    assert len(issues) == 1 and "missing_trace_id=1" in issues[0].reason

@@ -301,9 +301,85 @@ def test_a_write_error_refuses_the_request_and_exits_3(recorders: list[Recorder]
     assert "Traceback" not in err
 
 
-def test_help_names_defaults_and_the_traces_only_limit() -> None:
+def test_help_names_defaults_and_the_logs_it_keeps() -> None:
     res = subprocess.run([*CLI, "--help"], capture_output=True, text=True, timeout=60)
     text = " ".join(res.stdout.split())
     assert res.returncode == 0
     assert "127.0.0.1:4317" in text and "127.0.0.1:4318" in text
-    assert "Traces only" in text and "/v1/logs" in text
+    assert "/v1/logs" in text and "gen_ai.evaluation.result" in text
+
+
+# --------------------------------------------------------------------------- OTLP logs
+
+EVALUATION = {"gen_ai.evaluation.name": "relevance", "gen_ai.evaluation.score.value": 0.75,
+              "gen_ai.evaluation.score.label": "relevant"}
+
+
+def send_evaluations(protocol: str, address: str) -> tuple[str, str]:
+    """Through the real OTLP log exporter: an evaluation event of a span (with an
+    explanation and a body, which are content) and a plain log record. The span's ids."""
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
+        OTLPLogExporter as GrpcLogExporter,
+    )
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
+        OTLPLogExporter as HttpLogExporter,
+    )
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+    exporter = (GrpcLogExporter(endpoint=f"http://{address}", insecure=True)
+                if protocol == "grpc" else HttpLogExporter(endpoint=f"http://{address}/v1/logs"))
+    provider = LoggerProvider(resource=Resource.create({"service.name": f"svc-{protocol}"}))
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+    logger = provider.get_logger("assaywatch.test.record")
+    tracer = TracerProvider().get_tracer("assaywatch.test.record")
+    with tracer.start_as_current_span("invoke_agent a") as span:
+        logger.emit(event_name="gen_ai.evaluation.result", body="the whole answer",
+                    attributes={**EVALUATION, "gen_ai.evaluation.explanation": "it did"})
+        logger.emit(body="an application log line")
+    provider.shutdown()
+    ctx = span.get_span_context()
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+
+
+def test_evaluations_round_trip_through_the_written_json() -> None:
+    from assaywatch.monitor.receivers.files import evaluations_to_json
+    from assaywatch.monitor.receivers.otlp.decode_logs_json import decode_json_logs
+    from assaywatch.monitor.receivers.spans import evaluation_record
+
+    resource = {"service.name": "svc"}
+    records = [evaluation_record("ab" * 16, "cd" * 8, 7, dict(EVALUATION), resource, "s"),
+               evaluation_record("ab" * 16, "", 8, {"assaywatch.evaluation.passed": False},
+                                 resource, "s")]
+    doc = json.loads(json.dumps(evaluations_to_json(records)))
+    assert decode_json_logs(doc, UNLIMITED).records == records
+    assert doc["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]["traceId"] == "ab" * 16
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_record_logs_then_read_evaluation_records(tmp_path: Path, recorders: list[Recorder],
+                                                  suffix: str) -> None:
+    from assaywatch.monitor.receivers.spans import KIND_EVALUATION
+
+    out = tmp_path / f"spans{suffix}"
+    rec = Recorder(out)
+    recorders.append(rec)
+    sent = send({"http": rec.http}, n_runs=1)
+    ids = [send_evaluations("grpc", rec.grpc), send_evaluations("http", rec.http)]
+    code, stdout, stderr = rec.stop()
+    assert code == 0, stderr
+    assert f"wrote {len(sent)} spans (1 traces) to {out}" in stdout
+    assert "wrote 2 evaluations" in stdout
+    records = read_all(out)
+    spans = [r for r in records if r.kind != KIND_EVALUATION]
+    evaluations = [r for r in records if r.kind == KIND_EVALUATION]
+    assert_received_exactly(spans, sent)
+    assert [(r.trace_id, r.span_id) for r in evaluations] == ids
+    for r, protocol in zip(evaluations, ("grpc", "http"), strict=True):
+        assert r.attributes == EVALUATION  # never the explanation, never the body
+        assert r.resource["service.name"] == f"svc-{protocol}"
+        assert r.name == "gen_ai.evaluation.result" and r.start_ns > 0
+    text = (gzip.decompress(out.read_bytes()) if suffix.endswith(".gz")
+            else out.read_bytes()).decode()
+    assert "it did" not in text and "the whole answer" not in text
+    assert sum('"resourceLogs"' in line for line in text.splitlines()) == 2

@@ -50,13 +50,18 @@ class ReadStats:
     """Totals of one :func:`~assaywatch.monitor.receivers.files.read_spans` call.
 
     ``records`` counts lines, frames or documents read; ``issues`` the bad ones skipped;
-    ``rejected`` spans refused individually (by reason); ``limited`` values truncated or
+    ``spans`` the spans yielded; ``evaluations`` the evaluation records yielded (the
+    ``gen_ai.evaluation.result`` log records of OTLP logs lines or frames) and
+    ``other_log_records`` the other log records skipped; ``rejected`` spans and evaluation
+    records refused individually (by reason); ``limited`` values truncated or
     attributes/events dropped by the decode limits.
     """
 
     files: int = 0
     records: int = 0
     spans: int = 0
+    evaluations: int = 0
+    other_log_records: int = 0
     issues: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     limited: Counter[str] = field(default_factory=Counter)

@@ -1,11 +1,13 @@
 """OTLP JSON Lines: the OTel file exporter's and Collector ``fileexporter``'s format.
 
 One ``TracesData`` / ``ExportTraceServiceRequest`` JSON object per line (UTF-8, ``\\n``
-separated; shared/reference/otel-conventions.md section 6). Also the writer used by
-tests and tools: the SDK's own encoder (``encode_spans``) builds the protobuf request and
-:func:`request_to_json` renders it with the OTLP/JSON rules (hex ids, integer enums,
-int64 as decimal strings, default values omitted), which protobuf's ``json_format`` gets
-wrong for ids.
+separated; shared/reference/otel-conventions.md section 6); a line may also hold a
+``LogsData`` / ``ExportLogsServiceRequest`` (``resourceLogs``), whose evaluation events
+the readers yield beside the spans. Also the writer used by tests and tools: the SDK's
+own encoders (``encode_spans``, ``encode_logs``) build the protobuf request and
+:func:`request_to_json` / :func:`logs_request_to_json` render it with the OTLP/JSON
+rules (hex ids, integer enums, int64 as decimal strings, default values omitted), which
+protobuf's ``json_format`` gets wrong for ids.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import IO, Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-__all__ = ["iter_json_lines", "request_to_json", "write_otlp_json_lines"]
+__all__ = ["iter_json_lines", "logs_request_to_json", "request_to_json",
+           "write_otlp_json_lines"]
 
 #: Longest line read; a longer one is reported and skipped (bounded memory).
 MAX_LINE_BYTES = 256 * 1024 * 1024
@@ -135,6 +138,45 @@ def request_to_json(req: ExportTraceServiceRequest) -> dict[str, Any]:
         _put(item, "schemaUrl", rs.schema_url)
         resource_spans.append(item)
     return {"resourceSpans": resource_spans}
+
+
+def _log_json(lr: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    _put(out, "timeUnixNano", str(lr.time_unix_nano) if lr.time_unix_nano else "")
+    _put(out, "observedTimeUnixNano",
+         str(lr.observed_time_unix_nano) if lr.observed_time_unix_nano else "")
+    _put(out, "severityNumber", int(lr.severity_number))
+    _put(out, "severityText", lr.severity_text)
+    if lr.HasField("body"):
+        out["body"] = _any_json(lr.body)
+    _put(out, "attributes", _kvs_json(lr.attributes))
+    _put(out, "droppedAttributesCount", lr.dropped_attributes_count)
+    _put(out, "flags", lr.flags)
+    _put(out, "traceId", lr.trace_id.hex())
+    _put(out, "spanId", lr.span_id.hex())
+    _put(out, "eventName", lr.event_name)
+    return out
+
+
+def logs_request_to_json(req: Any) -> dict[str, Any]:
+    """Render an ``ExportLogsServiceRequest`` (e.g. the SDK's ``encode_logs``) as an
+    OTLP/JSON dict (hex ids, int64 as decimal strings, default values omitted)."""
+    resource_logs = []
+    for rl in req.resource_logs:
+        scope_logs = []
+        for sl in rl.scope_logs:
+            scope: dict[str, Any] = {}
+            _put(scope, "name", sl.scope.name)
+            _put(scope, "version", sl.scope.version)
+            entry: dict[str, Any] = {"scope": scope,
+                                     "logRecords": [_log_json(lr) for lr in sl.log_records]}
+            _put(entry, "schemaUrl", sl.schema_url)
+            scope_logs.append(entry)
+        item: dict[str, Any] = {"resource": {"attributes": _kvs_json(rl.resource.attributes)},
+                                "scopeLogs": scope_logs}
+        _put(item, "schemaUrl", rl.schema_url)
+        resource_logs.append(item)
+    return {"resourceLogs": resource_logs}
 
 
 def write_otlp_json_lines(path: str, spans: Sequence[Any], *, compress: bool | None = None) -> int:

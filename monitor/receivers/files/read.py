@@ -12,6 +12,13 @@ Format detection looks at content, never at the file name:
 3. Byte ``0a`` (field 1, length-delimited) -> one bare ``ExportTraceServiceRequest``.
 4. Anything else -> Collector length-prefixed proto frames.
 
+OTLP logs (a ``resourceLogs`` line or document, an ``ExportLogsServiceRequest`` frame)
+may be mixed with spans in one file: their ``gen_ai.evaluation.result`` events are
+yielded as evaluation records (``kind == KIND_EVALUATION``,
+:mod:`~assaywatch.monitor.receivers.otlp.decode_logs`) in the same batches stream, so
+``baseline build``, ``gate`` and ``replay`` see them; other log records are skipped
+(counted in :class:`ReadStats`).
+
 JSON Lines and proto frames are read record by record, so memory is bounded by one
 record; Jaeger and Tempo documents are parsed whole (they are single traces in practice).
 """
@@ -32,7 +39,10 @@ from assaywatch.monitor.receivers.files.errors import (
 )
 from assaywatch.monitor.receivers.files.jaeger import jaeger_document_to_records
 from assaywatch.monitor.receivers.files.otlp_json import iter_json_lines
-from assaywatch.monitor.receivers.files.otlp_proto import iter_proto_frames
+from assaywatch.monitor.receivers.files.otlp_proto import (
+    iter_proto_frames,
+    proto_payload_is_logs,
+)
 from assaywatch.monitor.receivers.files.tempo import is_tempo_document, tempo_document_to_records
 from assaywatch.monitor.receivers.otlp.decode import (
     DecodeError,
@@ -41,6 +51,8 @@ from assaywatch.monitor.receivers.otlp.decode import (
     decode_proto_request,
 )
 from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
+from assaywatch.monitor.receivers.otlp.decode_logs import LogsDecodeResult, decode_proto_logs
+from assaywatch.monitor.receivers.otlp.decode_logs_json import decode_json_logs
 from assaywatch.monitor.receivers.spans import SpanRecord
 
 __all__ = ["read_spans"]
@@ -71,7 +83,11 @@ class _File:
 
     def take(self, line: int, result: DecodeResult) -> list[SpanRecord]:
         self.stats.records += 1
-        self.stats.spans += len(result.spans)
+        if isinstance(result, LogsDecodeResult):
+            self.stats.evaluations += len(result.spans)
+            self.stats.other_log_records += result.other
+        else:
+            self.stats.spans += len(result.spans)
         self.stats.rejected.update(result.rejected)
         self.stats.limited.update(result.limited)
         if result.rejected:
@@ -82,8 +98,15 @@ class _File:
 def _document_results(doc: Any, limits: DecodeLimits | None) -> list[DecodeResult]:
     """Dispatch one parsed JSON document by its keys."""
     if isinstance(doc, dict):
-        if "resourceSpans" in doc or "resource_spans" in doc:
-            return [decode_json_request(doc, limits)]
+        spans = "resourceSpans" in doc or "resource_spans" in doc
+        logs = "resourceLogs" in doc or "resource_logs" in doc
+        if spans or logs:
+            results: list[DecodeResult] = []
+            if spans:
+                results.append(decode_json_request(doc, limits))
+            if logs:
+                results.append(decode_json_logs(doc, limits))
+            return results
         if is_tempo_document(doc):
             return [tempo_document_to_records(doc, limits)]
         if "data" in doc or ("spans" in doc and "traceID" in doc):
@@ -94,7 +117,8 @@ def _document_results(doc: Any, limits: DecodeLimits | None) -> list[DecodeResul
         return jaeger_document_to_records(doc, limits)
     raise DecodeError(
         "unknown_document",
-        "not a span document: expected OTLP 'resourceSpans', Tempo 'batches' or Jaeger 'data'",
+        "not a span document: expected OTLP 'resourceSpans' (or 'resourceLogs'), Tempo "
+        "'batches' or Jaeger 'data'",
     )
 
 
@@ -157,7 +181,8 @@ def _read_proto(
             ctx.issue(n, error or "unreadable frame")
             continue
         try:
-            result = decode_proto_request(payload, limits)
+            result = (decode_proto_logs(payload, limits) if proto_payload_is_logs(payload)
+                      else decode_proto_request(payload, limits))
         except DecodeError as err:
             ctx.issue(n, err.message)
             continue
@@ -211,7 +236,8 @@ def read_spans(
     Yields
     ------
     list[SpanRecord]
-        One batch per line / frame / trace, never empty.
+        One batch per line / frame / trace, never empty: spans, or the evaluation
+        records (``kind == KIND_EVALUATION``) of an OTLP logs line or frame.
     """
     if isinstance(paths, str | bytes):
         raise TypeError("read_spans expects a sequence of paths, not one path string")

@@ -33,7 +33,8 @@ These counts are ``assaywatch_values_sanitised_total{receiver, reason}``.
   for the price of a byte count.
 * Protobuf: :func:`proto_element_count` walks the wire format and counts the messages upb
   would allocate (resource and scope spans, spans, events, links, attributes, nested
-  values), stopping as soon as the cap is passed: 8 MiB of empty ``Span`` messages
+  values; :func:`proto_logs_element_count` the same for a logs request), stopping as soon
+  as the cap is passed: 8 MiB of empty ``Span`` messages
   allocate ~720 MB in upb. Requests under :data:`PROTO_WALK_MIN_BYTES` are not walked (at
   most ~90 bytes of upb per wire byte keeps them under ~25 MB).
 """
@@ -44,6 +45,7 @@ import re
 from collections import Counter
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "json_value_count",
     "may_have_surrogates",
     "proto_element_count",
+    "proto_logs_element_count",
 ]
 
 #: Longest span, event or scope name, attribute key and label-source value, in characters.
@@ -78,7 +81,7 @@ LABEL_KEYS: frozenset[str] = frozenset({
     "gen_ai.request.model", "gen_ai.response.model", "llm.model_name",
     "llm.response.model_name", "llm.request.model", "llm.request.model_name",
     "embedding.model_name", "langfuse.observation.model.name", "llm.system", "llm.provider",
-    "error.type",
+    "error.type", "gen_ai.evaluation.name", "gen_ai.evaluation.score.label",
 })
 #: 2000-01-01T00:00:00Z: earlier span times are counted as ``time_out_of_range``.
 MIN_TIME_NS = 946_684_800 * 10**9
@@ -214,8 +217,18 @@ def _schema(root: Descriptor) -> _Schema:
 _REQUEST_SCHEMA = _schema(ExportTraceServiceRequest.DESCRIPTOR)
 #: ResourceSpans.scope_spans (2) -> ScopeSpans.spans (2): the Span schema, by identity.
 _SPAN_SCHEMA = _REQUEST_SCHEMA[1][2][2]  # type: ignore[index]
+_LOGS_REQUEST_SCHEMA = _schema(ExportLogsServiceRequest.DESCRIPTOR)
+#: ResourceLogs.scope_logs (2) -> ScopeLogs.log_records (2): the LogRecord schema.
+_LOG_RECORD_SCHEMA = _LOGS_REQUEST_SCHEMA[1][2][2]  # type: ignore[index]
 #: upb's default recursion limit.
 _MAX_DEPTH = 100
+
+
+def proto_logs_element_count(buf: bytes | bytearray, cap: int,
+                             max_records: int | None = None) -> tuple[int, int]:
+    """(messages, log records) a parse of ``buf`` (an ``ExportLogsServiceRequest``) would
+    allocate; as :func:`proto_element_count` (log bodies and attributes are counted)."""
+    return _element_count(buf, cap, max_records, _LOGS_REQUEST_SCHEMA, _LOG_RECORD_SCHEMA)
 
 
 def proto_element_count(buf: bytes | bytearray, cap: int,
@@ -229,10 +242,15 @@ def proto_element_count(buf: bytes | bytearray, cap: int,
     WireError
         Truncated data, a bad varint, a group, or nesting deeper than upb allows.
     """
+    return _element_count(buf, cap, max_spans, _REQUEST_SCHEMA, _SPAN_SCHEMA)
+
+
+def _element_count(buf: bytes | bytearray, cap: int, max_spans: int | None,
+                   schema: _Schema, item_schema: object) -> tuple[int, int]:
     n = len(buf)
     i = 0
     end = n
-    fields: dict[int, object] = _REQUEST_SCHEMA  # type: ignore[assignment]
+    fields: dict[int, object] = schema  # type: ignore[assignment]
     stack: list[tuple[int, dict[int, object]]] = []
     count = 0
     spans = 0
@@ -282,7 +300,7 @@ def proto_element_count(buf: bytes | bytearray, cap: int,
                     if count > cap:
                         return count, spans
                     child = fields[number]
-                    if child is _SPAN_SCHEMA:
+                    if child is item_schema:
                         spans += 1
                         if spans > span_cap:
                             return count, spans

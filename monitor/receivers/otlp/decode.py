@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -212,7 +212,8 @@ def _proto_any(v: Any, lim: DecodeLimits, limited: Counter[str],
     if which == "array_value":
         return tuple(_proto_any(x, lim, limited, sanitised) for x in v.array_value.values)
     if which == "kvlist_value":
-        return _proto_attrs(v.kvlist_value.values, lim, limited, sanitised)
+        return cast("dict[str, object]",
+                    _proto_attrs(v.kvlist_value.values, lim, limited, sanitised))
     if which == "bytes_value":
         return cap_bytes(bytes(v.bytes_value), lim.max_value_bytes, limited)
     return None  # unset, or string_value_strindex (profiles only)

@@ -25,7 +25,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from assaywatch.monitor.receivers.otlp.bounds import (
     FUTURE_SLACK_NS,
@@ -180,7 +180,7 @@ def _any(v: Any, ctx: _Ctx) -> AttrValue:
             return tuple(_any(x, ctx) for x in vals or ())
         if key in ("kvlistValue", "kvlist_value"):
             vals = val.get("values") if isinstance(val, dict) else None
-            return attrs(vals, ctx.lim, ctx.limited, ctx)
+            return cast("dict[str, object]", attrs(vals, ctx.lim, ctx.limited, ctx))
         if key in ("bytesValue", "bytes_value"):
             try:
                 raw = base64.b64decode(val, validate=True)

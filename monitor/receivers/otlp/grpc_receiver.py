@@ -1,4 +1,13 @@
-"""OTLP/gRPC trace receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export`` and
+``opentelemetry.proto.collector.logs.v1.LogsService/Export`` on one server.
+
+Logs carry the GenAI evaluation events (``gen_ai.evaluation.result``): their evaluation
+records go to the same sink as spans; other log records are answered OK and discarded
+(:mod:`~assaywatch.monitor.receivers.otlp.decode_logs`,
+:mod:`~assaywatch.monitor.receivers.otlp.logs_delivery`). A logs request gets the answers
+of the table below with ``ExportLogsServiceResponse`` and
+``partial_success{rejected_log_records, error_message}``, and is counted in the
+``logs_received`` / ``logs_rejected`` counters instead of the span ones.
 
 Answers follow the OTLP specification (shared/reference/otel-conventions.md section 7):
 
@@ -34,21 +43,29 @@ INVALID_ARGUMENT with a reason rather than grpc's generic deserialization failur
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
 from assaywatch.monitor.receivers.otlp.bounds import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_SPANS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, decode_proto_request
+from assaywatch.monitor.receivers.otlp.decode_logs import decode_proto_logs
+from assaywatch.monitor.receivers.otlp.logs_delivery import (
+    check_capacity,
+    deliver_logs,
+    logs_response,
+)
 from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink, sink_capacity
 
-__all__ = ["GRPC_RECEIVER", "GrpcReceiver", "SERVICE_NAME"]
+__all__ = ["GRPC_RECEIVER", "GrpcReceiver", "LOGS_SERVICE_NAME", "SERVICE_NAME"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +73,9 @@ logger = logging.getLogger(__name__)
 GRPC_RECEIVER = "otlp_grpc"
 #: Fully-qualified gRPC service name of the OTLP trace service.
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
+#: Fully-qualified gRPC service name of the OTLP logs service.
+LOGS_SERVICE_NAME = "opentelemetry.proto.collector.logs.v1.LogsService"
+_R = TypeVar("_R")
 #: gRPC's limit on sent messages; OTLP asks responses to stay below 4 MiB.
 _MAX_SEND_BYTES = 4 * 1024 * 1024
 #: Default cap on calls in progress or waiting for a worker (grpc maximum_concurrent_rpcs).
@@ -76,14 +96,18 @@ def _retry_metadata(delay_s: float, message: str) -> tuple[tuple[str, bytes], ..
 
 
 class GrpcReceiver:
-    """OTLP/gRPC receiver delivering decoded spans to a :class:`SpanSink`.
+    """OTLP/gRPC receiver delivering decoded spans (and the evaluation records of OTLP
+    logs) to a :class:`SpanSink`.
 
     Parameters
     ----------
     sink:
-        Receives each request's valid spans (``offer(spans, "otlp_grpc")``).
+        Receives each trace request's valid spans and each logs request's evaluation
+        records (``offer(records, "otlp_grpc")``).
     counters:
-        ``received["otlp_grpc"]`` and ``rejected[("otlp_grpc", reason)]`` are counted here.
+        ``received["otlp_grpc"]`` and ``rejected[("otlp_grpc", reason)]`` are counted here
+        for spans; ``logs_received[("otlp_grpc", event)]`` and
+        ``logs_rejected[("otlp_grpc", reason)]`` for log records.
     host, port:
         Bind address; port 0 picks a free port (returned by :meth:`start`).
     max_message_bytes:
@@ -96,9 +120,10 @@ class GrpcReceiver:
     limits:
         Per-span decode limits (attribute value size, attribute and event counts).
     max_spans_per_request, max_request_elements:
-        Spans and protobuf messages one request may carry (defaults 100,000 and
-        1,000,000; the messages are counted on the wire before upb builds them); more,
-        or more spans than the sink's ``capacity_spans``, is RESOURCE_EXHAUSTED.
+        Spans (log records, for logs) and protobuf messages one request may carry
+        (defaults 100,000 and 1,000,000; the messages are counted on the wire before upb
+        builds them); more, or more spans (evaluation records) than the sink's
+        ``capacity_spans``, is RESOURCE_EXHAUSTED.
     max_concurrent_rpcs:
         Calls in progress or queued for a worker (default 16); grpc answers more with
         RESOURCE_EXHAUSTED. With grpc's receive limit at twice ``max_message_bytes``,
@@ -175,7 +200,17 @@ class GrpcReceiver:
                 )
             },
         )
-        server.add_generic_rpc_handlers((handler,))
+        logs_handler = grpc.method_handlers_generic_handler(
+            LOGS_SERVICE_NAME,
+            {
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    self._export_logs,
+                    request_deserializer=None,
+                    response_serializer=ExportLogsServiceResponse.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler, logs_handler))
         address = f"{self.host}:{self.port}"
         try:
             port = server.add_insecure_port(address)
@@ -189,9 +224,9 @@ class GrpcReceiver:
             )
         server.start()
         self._server = server
-        self.bound_port = port
+        self.bound_port = int(port)
         logger.info("OTLP/gRPC receiver listening on %s:%d", self.host, port)
-        return port
+        return int(port)
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving; in-flight requests get ``grace`` seconds to finish."""
@@ -209,17 +244,60 @@ class GrpcReceiver:
     # ------------------------------------------------------------------ the rpc
 
     def _export(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
+        return self._guarded(self._handle, data, context, self.counters.add_rejected)
+
+    def _export_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
+        return self._guarded(self._handle_logs, data, context, self.counters.add_logs_rejected)
+
+    def _guarded(self, handle: Callable[[bytes, Any], _R], data: bytes, context: Any,
+                 count: Callable[[str, str], None]) -> _R:
         try:
-            return self._handle(data, context)
+            return handle(data, context)
         except grpc.RpcError:
             raise
         except Exception:  # never let a bug take the server thread down silently
             if context.code() is not None:  # abort() already chose the answer
                 raise
             logger.exception("OTLP/gRPC receiver failed on a %d-byte request", len(data))
-            self.counters.add_rejected(GRPC_RECEIVER, "internal_error")
+            count(GRPC_RECEIVER, "internal_error")
             context.abort(grpc.StatusCode.INTERNAL, "internal error in the assaywatch receiver")
             raise  # unreachable: abort raises
+
+    def _max_spans(self) -> int:
+        """Spans one request may carry: the cap, or the sink's capacity when smaller."""
+        capacity = sink_capacity(self.sink)
+        if capacity is not None and capacity < self.max_spans_per_request:
+            return capacity
+        return self.max_spans_per_request
+
+    def _refuse_full(self, context: Any, n: int, what: str) -> None:
+        message = (f"assaywatch pipeline is full; retry in {self.retry_delay_s:g}s "
+                   f"({n} {what} not accepted)")
+        context.set_trailing_metadata(_retry_metadata(self.retry_delay_s, message))
+        context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+    def _handle_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
+        """LogsService/Export: evaluation records to the sink, other records counted."""
+        if len(data) > self.max_message_bytes:
+            self.counters.add_logs_rejected(GRPC_RECEIVER, "message_too_large")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"request of {len(data)} bytes exceeds the "
+                          f"{self.max_message_bytes}-byte limit; send smaller batches")
+        try:
+            result = decode_proto_logs(data, self.limits,
+                                       max_records=self.max_spans_per_request,
+                                       max_elements=self.max_request_elements)
+            check_capacity(result, self.sink)
+        except DecodeError as err:
+            self.counters.add_logs_rejected(GRPC_RECEIVER, err.reason)
+            code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.status == 413
+                    else grpc.StatusCode.INVALID_ARGUMENT)
+            context.abort(code, err.message)
+            raise  # unreachable: abort raises
+        del data
+        if not deliver_logs(result, self.sink, self.counters, GRPC_RECEIVER):
+            self._refuse_full(context, len(result.spans), "evaluation records")
+        return logs_response(result.rejected_count, result.error_message)
 
     def _handle(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
         if len(data) > self.max_message_bytes:
@@ -227,12 +305,8 @@ class GrpcReceiver:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"request of {len(data)} bytes exceeds the "
                           f"{self.max_message_bytes}-byte limit; send smaller batches")
-        max_spans = self.max_spans_per_request
-        capacity = sink_capacity(self.sink)
-        if capacity is not None and capacity < max_spans:
-            max_spans = capacity
         try:
-            result = decode_proto_request(data, self.limits, max_spans=max_spans,
+            result = decode_proto_request(data, self.limits, max_spans=self._max_spans(),
                                           max_elements=self.max_request_elements)
         except DecodeError as err:
             self.counters.add_rejected(GRPC_RECEIVER, err.reason)
@@ -251,12 +325,7 @@ class GrpcReceiver:
             accepted = self.sink.offer(result.spans, GRPC_RECEIVER)
             if not accepted:
                 self.counters.add_rejected(GRPC_RECEIVER, "pipeline_full", len(result.spans))
-                message = (
-                    f"assaywatch pipeline is full; retry in {self.retry_delay_s:g}s "
-                    f"({len(result.spans)} spans not accepted)"
-                )
-                context.set_trailing_metadata(_retry_metadata(self.retry_delay_s, message))
-                context.abort(grpc.StatusCode.UNAVAILABLE, message)
+                self._refuse_full(context, len(result.spans), "spans")
             self.counters.add_received(GRPC_RECEIVER, len(result.spans))
         response = ExportTraceServiceResponse()
         if result.rejected:

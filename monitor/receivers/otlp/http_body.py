@@ -16,6 +16,7 @@ from typing import Protocol
 
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 PROTOBUF = "application/x-protobuf"
@@ -291,7 +292,8 @@ def status_body(
             st.details.add().Pack(
                 error_details_pb2.RetryInfo(retry_delay=Duration(seconds=retry_s))
             )
-        return st.SerializeToString()
+        encoded: bytes = st.SerializeToString()
+        return encoded
     doc: dict[str, object] = {"code": code, "message": message}
     if http_status == 400:
         doc["details"] = [
@@ -303,15 +305,21 @@ def status_body(
     return json.dumps(doc).encode()
 
 
-def response_body(content_type: str, rejected: int, message: str) -> bytes:
-    """``ExportTraceServiceResponse``; ``partial_success`` only when something was refused."""
+def response_body(content_type: str, rejected: int, message: str, logs: bool = False) -> bytes:
+    """``ExportTraceServiceResponse`` (``ExportLogsServiceResponse`` when ``logs``, with
+    ``rejected_log_records``); ``partial_success`` only when something was refused."""
     if content_type == PROTOBUF:
-        resp = ExportTraceServiceResponse()
+        resp = ExportLogsServiceResponse() if logs else ExportTraceServiceResponse()
         if rejected or message:
-            resp.partial_success.rejected_spans = rejected
+            if isinstance(resp, ExportLogsServiceResponse):
+                resp.partial_success.rejected_log_records = rejected
+            else:
+                resp.partial_success.rejected_spans = rejected
             resp.partial_success.error_message = message
-        return resp.SerializeToString()
+        data: bytes = resp.SerializeToString()
+        return data
     if not (rejected or message):
         return b"{}"
-    partial = {"rejectedSpans": str(rejected), "errorMessage": message}
+    key = "rejectedLogRecords" if logs else "rejectedSpans"
+    partial = {key: str(rejected), "errorMessage": message}
     return json.dumps({"partialSuccess": partial}).encode()
