@@ -15,7 +15,8 @@ def live_config(args: argparse.Namespace, policy: Any, n_streams: int) -> Any:
     n_max = args.max_runs if args.max_runs is not None else int(policy.n_max)
     return LiveConfig(alpha=policy.alpha, beta=policy.beta, delta=policy.delta,
                       fingerprint_alpha=policy.fingerprint_alpha, theta=args.theta,
-                      n_max=n_max, warm_start=not args.no_warm_start, n_streams=n_streams)
+                      n_max=n_max, warm_start=not args.no_warm_start, n_streams=n_streams,
+                      score_drop=policy.score_drop, scores_decide=policy.scores_decide)
 
 
 def run_live(args: argparse.Namespace) -> int:

@@ -10,15 +10,18 @@ runs, tokens and money spent, and what the fixed-n design of SPEC Eq. 6 would ha
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from assaywatch.analyzers.model import Verdict
+from assaywatch.analyzers.score_tests import SequentialScoreTest
 from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.live.fidelity import FidelitySPRT, fidelity_result
 from assaywatch.monitor.live.runner import LiveGate
 from assaywatch.monitor.live.streams import Stream
 from assaywatch.monitor.offline.gate import (
     DEPLOY,
+    EVALUATION_TEST,
     EXIT_CODES,
     MANUAL,
     GatePolicy,
@@ -49,7 +52,11 @@ def stream_result(st: Stream, policy: GatePolicy) -> StreamResult:
     sr.pass_rates = {"baseline": _rate(base.passes, base.passes + base.fails),
                      "candidate": _rate(t.passes, t.passes + t.fails)}
     verdict, msg = t.sprt_verdict()
+    if t.sprt_superseded:
+        msg = (f"{msg}; superseded: every graded evaluator passed its sequential test "
+               "first (scores_decide), so the pass/fail bit is not waited for")
     sr.tests.append(TestResult("sprt", verdict.value, {
+        "superseded_by_evaluations": t.sprt_superseded,
         "runs": t.n_runs, "passes": t.passes, "fails": t.fails, "unknown": t.unknown,
         "crashes": st.crashes, "llr": t.sprt.llr, "llr0": t.llr0, "lower": t.sprt.lower,
         "upper": t.sprt.upper, "theta": t.theta, "theta1": t.theta - t.config.delta,
@@ -70,9 +77,34 @@ def stream_result(st: Stream, policy: GatePolicy) -> StreamResult:
         for i, f in enumerate(t.alarm_features[:5], 1):
             stats[f"moved_{i}"] = f
         sr.tests.append(TestResult("fingerprint", fv[0].value, stats, fv[1]))
+    for name, test in t.score_tests.items():
+        sr.tests.append(_evaluation_result(name, test))
     if st.runs:
         add_coverage_test(sr, st.runs, base.tools, policy.c_min)
     return sr
+
+
+def _evaluation_result(name: str, test: SequentialScoreTest) -> TestResult:
+    s = test.summary
+    w = s.hi - s.lo
+    drop = f"{test.drop * w:g} ({test.drop:g} of the scale)"
+    if test.decision is Verdict.FAIL:
+        verdict, msg = Verdict.FAIL, (
+            f"{name} score fell below the baseline's {s.mean:.3f} after {test.n} scores "
+            f"(e-value {math.exp(test.log_fail):.3g} >= {2 / test.alpha:g})")
+    elif test.decision is Verdict.PASS:
+        verdict, msg = Verdict.PASS, (
+            f"{name} score no worse than baseline - {drop} after {test.n} scores "
+            f"(e-value {math.exp(test.log_pass):.3g} >= {2 / test.beta:g})")
+    else:
+        verdict, msg = Verdict.INCONCLUSIVE, (
+            f"{name}: undecided after {test.n} scores (e-values {math.exp(test.log_fail):.3g}"
+            f" for a drop, {math.exp(test.log_pass):.3g} for no drop of {drop})")
+    return TestResult(f"{EVALUATION_TEST}{name}", verdict.value, {
+        "scores": test.n, "baseline_mean": s.mean, "baseline_scores": s.n,
+        "log_e_fail": test.log_fail, "log_e_pass": test.log_pass,
+        "threshold_fail": math.log(2 / test.alpha), "threshold_pass": math.log(2 / test.beta),
+        "alpha": test.alpha, "beta": test.beta, "score_drop": test.drop}, msg)
 
 
 def spend(gate: LiveGate) -> dict[str, Any]:

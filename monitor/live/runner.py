@@ -258,7 +258,8 @@ class LiveGate:
                             fid.fingerprints.append((fp, fingerprint(p_runs[0],
                                                                      st.baseline.tools)))
                         proxy = None  # one pair per invocation
-                    st.test.update(run.outcome is Outcome.PASS if known else None, fp)
+                    st.test.update(run.outcome is Outcome.PASS if known else None, fp,
+                                   run.scores)
                     if fid is not None:
                         fid.unstage()
             if not runs and exit_code != 0 and not self.interrupted:

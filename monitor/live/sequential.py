@@ -31,7 +31,18 @@ arrives and stops the stream at the first decision:
     instead (not done yet). A CUSUM has no accept boundary: "pass" means no alarm in the
     runs the SPRT needed.
 
-Stopping: SPRT Pass or Fail, a fingerprint alarm, or the **planned maximum**
+``evaluation:<evaluator>``
+    For each evaluator in the baseline (graded scores), the anytime-valid
+    :class:`~assaywatch.analyzers.score_tests.SequentialScoreTest` (two betting
+    e-processes: the mean dropped, or it is no worse than baseline - ``score_drop``), at
+    alpha / m and beta like the SPRT. A graded score carries far more information per run
+    than its pass/fail bit, so these decide in fewer runs (benchmark in README). With
+    ``scores_decide`` (the default) a stream whose every evaluator has passed stops there:
+    the SPRT, undecided at that point, is reported as superseded and does not send the
+    gate to review; a Fail of either still blocks.
+
+Stopping: SPRT Pass or Fail, a fingerprint alarm, an evaluation Fail, every evaluation
+Pass (``scores_decide``), or the **planned maximum**
 n_plan = min(n_max, max(n_fixed, n_budget)) with n_fixed the fixed-n design of SPEC Eq. 6
 (a sequential test that runs past the fixed design's size has no reason to exist; the
 truncation costs almost nothing: at theta = 0.9, delta = 0.1 it leaves 0.8% undecided at
@@ -50,7 +61,7 @@ of a :class:`StreamTest`, for the Monte Carlo of Type I, power and runs spent.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +73,7 @@ from assaywatch.analyzers.detectors.fingerprint_cusum import FingerprintCUSUM
 from assaywatch.analyzers.fingerprint import FIXED_FEATURES
 from assaywatch.analyzers.hotelling import effective_dimension
 from assaywatch.analyzers.model import Verdict
+from assaywatch.analyzers.score_tests import SequentialScoreTest
 from assaywatch.analyzers.sprt import SPRT, WarmStartSPRT
 from assaywatch.analyzers.verdicts import sample_size
 
@@ -96,6 +108,9 @@ class LiveConfig:
         Natural-scale shift of the adaptive budget (SPEC 7.2).
     n_streams:
         m of the Bonferroni split.
+    score_drop, scores, scores_decide:
+        The evaluation tests: the drop of a mean score (fraction of its scale) that
+        counts, whether they run, and whether their unanimous Pass stops a stream.
     """
 
     alpha: float = 0.05
@@ -113,6 +128,9 @@ class LiveConfig:
     fingerprint_safety: float = 10.0
     delta_min: float = 0.5
     n_streams: int = 1
+    score_drop: float = 0.1
+    scores: bool = True
+    scores_decide: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "delta", "fingerprint_alpha"):
@@ -196,6 +214,13 @@ class StreamTest:
                 arl0=horizon_arl0(self.n_plan,
                                   self.fingerprint_alpha / config.fingerprint_safety),
                 feature_names=list(baseline.feature_names), clip=config.fingerprint_clip)
+        self.score_tests: dict[str, SequentialScoreTest] = {}
+        if config.scores:
+            for name, summary in sorted(baseline.evaluators.items()):
+                if summary.n >= 2:
+                    self.score_tests[name] = SequentialScoreTest(
+                        name, summary, alpha=self.alpha, beta=config.beta,
+                        drop=config.score_drop)
         self.n_runs = 0
         self.passes = 0
         self.fails = 0
@@ -206,8 +231,10 @@ class StreamTest:
         self.llr_path: list[float] = []
 
     # -- feeding ----------------------------------------------------------------------
-    def update(self, passed: bool | None, fingerprint: NDArray[np.float64] | None) -> None:
-        """Add one run: its outcome (None: unknown) and fingerprint (None: none)."""
+    def update(self, passed: bool | None, fingerprint: NDArray[np.float64] | None,
+               scores: Mapping[str, float] | None = None) -> None:
+        """Add one run: its outcome (None: unknown), fingerprint (None: none) and graded
+        scores by evaluator."""
         if self.done:
             self.ignored += 1
             return
@@ -219,6 +246,10 @@ class StreamTest:
             self.fails += not passed
             self.sprt.update(bool(passed))
         self.llr_path.append(float(self.sprt.llr))
+        for name, score in (scores or {}).items():
+            test = self.score_tests.get(name)
+            if test is not None:
+                test.update(score)
         if self.detector is not None and fingerprint is not None:
             self.detector.update(fingerprint)
             if self.detector.drift_detected and self.alarm_at is None:
@@ -231,13 +262,37 @@ class StreamTest:
         return self.sprt.decision
 
     @property
+    def scores_failed(self) -> bool:
+        return any(t.decision is Verdict.FAIL for t in self.score_tests.values())
+
+    @property
+    def scores_passed(self) -> bool:
+        """Every evaluation test passed (False without any)."""
+        return bool(self.score_tests) and all(t.decision is Verdict.PASS
+                                              for t in self.score_tests.values())
+
+    @property
+    def sprt_superseded(self) -> bool:
+        """The evaluations decided the stream before the SPRT (``scores_decide``)."""
+        return (self.config.scores_decide and self.sprt.decision is None
+                and self.scores_passed)
+
+    @property
     def done(self) -> bool:
+        if self.score_tests and self.sprt.decision is Verdict.PASS:
+            # the pass rate held; the graded evaluators still have to decide
+            return (self.alarm_at is not None or self.scores_failed or self.scores_passed
+                    or self.n_runs >= self.n_plan)
         return (self.sprt.decision is not None or self.alarm_at is not None
+                or self.scores_failed or self.sprt_superseded
                 or self.n_runs >= self.n_plan)
 
     @property
     def stopped_by(self) -> str:
-        """What ended (or will end) the stream: sprt, fingerprint, planned_maximum, running."""
+        """What ended (or will end) the stream: sprt, fingerprint, evaluation,
+        planned_maximum, running."""
+        if self.scores_failed or (self.score_tests and self.scores_passed):
+            return "evaluation"
         if self.sprt.decision is not None:
             return "sprt"
         if self.alarm_at is not None:

@@ -104,6 +104,9 @@ class GatePolicy:
     score_drop: float = _f(0.1, "Smallest drop of an evaluator's mean score, as a fraction "
                            "of its scale (0.1 on 0-1 scores, 0.4 on a 1-5 rubric), that "
                            "counts as a regression (evaluation tests).")
+    scores_decide: bool = _f(True, "Live gate: a stream whose every graded evaluator passed "
+                             "its sequential test stops there, without waiting for the "
+                             "pass/fail SPRT (reported as superseded); false waits for both.")
     contracts: dict[str, Any] = _f({}, "Contract rules deciding outcomes of runs that carry "
                                    "no evaluation (max_steps, required_tools, ...); also "
                                    "checked as a trace-first test (violation rate).")
@@ -135,6 +138,9 @@ class GatePolicy:
             raise ValueError(f"{where}: c_min must lie in [0, 1], got {self.c_min!r}")
         if self.test not in ("fisher", "z"):
             raise ValueError(f"{where}: test must be fisher or z, got {self.test!r}")
+        if not isinstance(self.scores_decide, bool):
+            raise ValueError(f"{where}: scores_decide must be true or false, "
+                             f"got {self.scores_decide!r}")
         if self.behaviour_shift not in ("manual", "block"):
             raise ValueError(f"{where}: behaviour_shift must be manual or block, "
                              f"got {self.behaviour_shift!r}")
@@ -440,7 +446,8 @@ def decision(streams: list[StreamResult], policy: GatePolicy,
     short = find(("coverage",), "fail")
     if short:
         reasons.append(f"coverage below c_min in {', '.join(short)}")
-    unsure = sorted({s.name for s in streams for t in s.tests if t.verdict == "inconclusive"})
+    unsure = sorted({s.name for s in streams for t in s.tests if t.verdict == "inconclusive"
+                     and not t.statistics.get("superseded_by_evaluations")})
     if unsure:
         reasons.append(f"inconclusive in {', '.join(unsure)}")
     if reasons:
