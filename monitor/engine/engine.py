@@ -341,10 +341,11 @@ class Engine:
         shares = self._shares(base)
         settings = CalibrationSettings(
             arl0=cfg.arl0, confidence=cfg.arl0_confidence, shares=shares,
-            k=cfg.fingerprint_shift / 2, delta=cfg.delta, reps=cfg.bootstrap_reps)
+            k=cfg.fingerprint_shift / 2, delta=cfg.delta, reps=cfg.bootstrap_reps,
+            score_shift=self.score_shift)
         data = BaselineData(mean=base.mean, cov=base.cov, n_runs=max(2, base.n_runs),
                             passes=base.passes, fails=base.fails, sample=sample,
-                            feature_names=base.feature_names)
+                            feature_names=base.feature_names, evaluators=base.evaluators)
         # A learned baseline and one given samples are calibrated on their runs: a later
         # stream on the same baseline id without runs (a new version) reuses that result.
         key = self._known_key(base.baseline_id, settings) if source == "gaussian" else None
@@ -532,6 +533,7 @@ class Engine:
         share = self._share(EVALUATION, base) / len(base.evaluators)
         n_alarming = len(self._shares(base)) - 1 + len(base.evaluators)
         confidence = 1.0 - (1.0 - cfg.arl0_confidence) / max(1, n_alarming)
+        calibrated = getattr(st.thresholds, "scores", None) or {}
         for name, summary in base.evaluators.items():
             ev = st.evaluators.get(name)
             if ev is None:
@@ -542,7 +544,8 @@ class Engine:
                 continue
             try:
                 ev.detector = ScoreDropCUSUM(summary, shift=self.score_shift,
-                                             arl0=cfg.arl0 / share, confidence=confidence)
+                                             arl0=cfg.arl0 / share, confidence=confidence,
+                                             h=calibrated.get(name))
             except ValueError as exc:
                 ev.disabled = str(exc)
                 logger.warning("%s: evaluator %s not monitored: %s", st.key, name, exc)

@@ -456,7 +456,7 @@ def test_vectorised_recursion_is_the_detector() -> None:
         det = ScoreDropCUSUM(summary, shift=SHIFT, arl0=50.0, confidence=CONFIDENCE)
         vec = Learned(np.array([det.lam]), np.array([det.m0]), det.h, summary.lo, summary.hi,
                       0.0)
-        xs = world.sample(rng, (400, 1), changed=True)
+        xs = world.sample(rng, (2_000, 1), changed=True)
         s, alarms = 0.0, 0
         for x, d in zip(xs[:, 0], vec.increments(xs)[:, 0], strict=True):
             det.update(float(x))

@@ -115,18 +115,32 @@ def test_all_perfect_baseline_does_not_claim_certainty() -> None:
 
 # -- the bet -------------------------------------------------------------------------------
 def test_best_lambda_two_point_baseline_by_hand() -> None:
-    """Baseline {0: 1 - p, 1: p}; the alternative shifted by 0.1 and clipped is
-    {0: 1 - p, 0.9: p}. With a = m0, b = m0 - 0.9 the growth
-    (1 - p) log(1 + lam a) + p log(1 + lam b) has its maximum at
-    lam* = -((1 - p) a + p b) / (a b)."""
+    """Baseline {0: 1 - p, 1: p}. Its two drop shapes of 0.1: shifted and clipped,
+    {0: 1 - p, 0.9: p}; collapsed, q = 0.1 / 0.8 of the mass to 0: {0: 0.3, 1: 0.7}. With
+    a = m0 the growth under a two-point law {0: w, c: 1 - w} is
+    w log(1 + lam a) + (1 - w) log(1 + lam (m0 - c)), maximal at
+    lam* = -(w a + (1 - w) b) / (a b), b = m0 - c: 0.641 for the shift, 0.466 for the
+    collapse. The bet maximising the worse of the two lies between, where they cross."""
+    from scipy.optimize import brentq
+
     p = 0.8
     s = ScoreSummary.from_scores([0.0] * 20 + [1.0] * 80)
-    m0 = 0.78  # alternative mean 0.72: lam* = 0.06 / 0.0936 = 0.641
-    a, b = m0, m0 - 0.9
-    lam_star = -((1 - p) * a + p * b) / (a * b)
+    m0 = 0.78
+
+    def star(w: float, c: float) -> float:
+        a, b = m0, m0 - c
+        return -(w * a + (1 - w) * b) / (a * b)
+
+    def growth(lam: float, w: float, c: float) -> float:
+        return w * math.log1p(lam * m0) + (1 - w) * math.log1p(lam * (m0 - c))
+
+    shift_star, collapse_star = star(1 - p, 0.9), star(0.3, 1.0)
+    assert shift_star == pytest.approx(0.641, abs=1e-3)
+    assert collapse_star == pytest.approx(0.466, abs=1e-3)
+    cross = brentq(lambda lam: growth(lam, 1 - p, 0.9) - growth(lam, 0.3, 1.0),
+                   collapse_star, shift_star)
     top = 0.99 / (1 - m0)
-    assert lam_star == pytest.approx(0.641, abs=1e-3) and 0 < lam_star < top
-    assert best_lambda(s, m0, 0.1) == pytest.approx(lam_star, abs=top / 400)
+    assert best_lambda(s, m0, 0.1) == pytest.approx(cross, abs=top / 400)
 
 
 def test_best_lambda_at_the_edges_of_its_grid() -> None:
