@@ -35,6 +35,20 @@ judge's 1.0s stay 1.0s while some answers collapse to the bottom): each e-proces
 average of three, betting half, once and twice the designed bet (an average of
 e-processes is one), which measured 99 scores instead of 271 to fail such a lumpy drop
 for 3-8% more scores on a clean one (tests/analyzers/test_score_tests.py).
+
+**Calibrated thresholds** (:meth:`SequentialScoreTest.calibrate`, what ``gate --run``
+uses). The anytime-valid thresholds are far from tight: measured, an unchanged candidate
+is failed in 0.5% of gates against the alpha of 5% it may spend, and the test needs about
+twice the scores it would at its nominal error rates. The gate has a horizon (its planned
+maximum n_plan), so the thresholds can be set on the baseline's own law instead: over
+bootstrap baselines (the baseline's sampling) and candidate paths of n_plan scores drawn
+from the baseline's histogram, ``h_F`` is the 1 - alpha quantile of the largest
+``log E_F``; over paths drawn from the two shapes of a drop of ``drop`` (a clean shift, a
+collapse of answers to the lowest level, ``detectors/score.py``), ``h_P`` is the larger
+1 - beta quantile of the largest ``log E_P``. Each stays at most its anytime-valid value.
+The guarantee becomes the plug-in one the other detectors have (measured, not proven:
+error rates in tests/analyzers/test_score_tests.py and the ``gate_scores`` benchmark),
+and it covers the drop shapes simulated, not every conceivable one.
 """
 
 from __future__ import annotations
@@ -48,7 +62,7 @@ from numpy.typing import NDArray
 from scipy import stats
 from scipy.special import logsumexp
 
-from assaywatch.analyzers.detectors.score import ScoreSummary
+from assaywatch.analyzers.detectors.score import HIST_LEVELS, ScoreSummary, drop_alternatives
 from assaywatch.analyzers.model import Verdict
 
 
@@ -185,6 +199,59 @@ class SequentialScoreTest:
         self.h_pass = math.log(2.0 / beta)
         self.n = 0
         self.decision: Verdict | None = None
+        #: thresholds lowered by :meth:`calibrate`
+        self.calibrated = False
+
+    def calibrate(self, horizon: int, reps: int = 2_000, boots: int = 100,
+                  seed: int = 0) -> None:
+        """Lower the two thresholds to what the baseline's own law needs over ``horizon``
+        scores (module docstring, "Calibrated thresholds"); never above the anytime-valid
+        ``log(2 / alpha)`` and ``log(2 / beta)``."""
+        s = self.summary
+        ys, ps = s.levels()
+        if ys.size < 2 or horizon < 1:
+            return
+        rng = np.random.default_rng(seed)
+        per = max(1, reps // boots)
+        w = s.hi - s.lo
+        top_fail: list[NDArray[np.float64]] = []
+        top_pass: dict[int, list[NDArray[np.float64]]] = {}
+        shapes = drop_alternatives(ys, ps, self.drop)
+        for _ in range(boots):
+            c = rng.multinomial(s.n, ps).astype(np.float64)
+            q = c / c.sum()
+            m = float((q * ys).sum())
+            var = float((q * (ys - m) ** 2).sum()) * s.n / max(s.n - 1, 1)
+            keep = c > 0
+            boot = ScoreSummary(s.n, s.lo + m * w, var * w * w, s.lo, s.hi,
+                                {int(round(y * HIST_LEVELS)): int(k)
+                                 for y, k in zip(ys[keep], c[keep], strict=True)})
+            t_b = SequentialScoreTest(self.evaluator, boot, alpha=self.alpha, beta=self.beta,
+                                      drop=self.drop)
+            same = ys[rng.choice(ys.size, size=(per, horizon), p=ps)]
+            top_fail.append(t_b._log_e(same, fail=True).max(axis=1))
+            for k, (ya, pa) in enumerate(shapes):
+                worse = ya[rng.choice(ya.size, size=(per, horizon), p=pa)]
+                top_pass.setdefault(k, []).append(t_b._log_e(worse, fail=False).max(axis=1))
+        h_f = float(np.quantile(np.concatenate(top_fail), 1.0 - self.alpha))
+        h_p = max(float(np.quantile(np.concatenate(v), 1.0 - self.beta))
+                  for v in top_pass.values())
+        self.h_fail = min(self.h_fail, max(h_f, 1e-6))
+        self.h_pass = min(self.h_pass, max(h_p, 1e-6))
+        self.calibrated = True
+
+    def _log_e(self, y: NDArray[np.float64], fail: bool) -> NDArray[np.float64]:
+        """log E_F (``fail``) or log E_P after each score of each row of ``y`` (on [0, 1])."""
+        bets = self.bets_fail if fail else self.bets_pass
+        step = (self.m_lo - y) if fail else (y - self.centre_pass)
+        logs = np.cumsum(np.log1p(bets[:, None, None] * step[None, :, :]), axis=2)
+        top = logs.max(axis=0)
+        out: NDArray[np.float64] = top + np.log(np.exp(logs - top).sum(axis=0) / bets.size)
+        return out
+
+    def _paths(self, y: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """log E_F and log E_P after each score of each row of ``y`` (on [0, 1])."""
+        return self._log_e(y, fail=True), self._log_e(y, fail=False)
 
     def update(self, score: float) -> None:
         if self.decision is not None or not math.isfinite(score):
@@ -205,11 +272,7 @@ class SequentialScoreTest:
         """The decisions of replicates (rows of ``draw``, scores in the evaluator's units):
         +1 Fail, -1 Pass, 0 undecided after all columns; and the scores each spent."""
         s = self.summary
-        y = np.clip((draw - s.lo) / (s.hi - s.lo), 0.0, 1.0)
-        lf = logsumexp([np.cumsum(np.log1p(b * (self.m_lo - y)), axis=1)
-                        for b in self.bets_fail], axis=0) - math.log(len(self.bets_fail))
-        lp = logsumexp([np.cumsum(np.log1p(b * (y - self.centre_pass)), axis=1)
-                        for b in self.bets_pass], axis=0) - math.log(len(self.bets_pass))
+        lf, lp = self._paths(np.clip((draw - s.lo) / (s.hi - s.lo), 0.0, 1.0))
         cols = draw.shape[1]
         first_f = np.where((lf >= self.h_fail).any(1), (lf >= self.h_fail).argmax(1), cols)
         first_p = np.where((lp >= self.h_pass).any(1), (lp >= self.h_pass).argmax(1), cols)

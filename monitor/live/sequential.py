@@ -61,6 +61,7 @@ of a :class:`StreamTest`, for the Monte Carlo of Type I, power and runs spent.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -108,9 +109,11 @@ class LiveConfig:
         Natural-scale shift of the adaptive budget (SPEC 7.2).
     n_streams:
         m of the Bonferroni split.
-    score_drop, scores, scores_decide:
+    score_drop, scores, scores_decide, calibrate_scores:
         The evaluation tests: the drop of a mean score (fraction of its scale) that
-        counts, whether they run, and whether their unanimous Pass stops a stream.
+        counts, whether they run, whether their unanimous Pass stops a stream, and whether
+        their thresholds are calibrated on the baseline's law over the n_plan horizon
+        (:meth:`SequentialScoreTest.calibrate`) rather than the anytime-valid ones.
     """
 
     alpha: float = 0.05
@@ -131,6 +134,7 @@ class LiveConfig:
     score_drop: float = 0.1
     scores: bool = True
     scores_decide: bool = True
+    calibrate_scores: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "delta", "fingerprint_alpha"):
@@ -140,6 +144,11 @@ class LiveConfig:
         if self.n_max < 1 or self.n_streams < 1:
             raise ValueError(f"live gate: n_max and n_streams must be >= 1, got "
                              f"{self.n_max}, {self.n_streams}")
+
+
+#: Calibrated thresholds of evaluation tests by (baseline id, evaluator, horizon, alpha,
+#: beta, drop): a gate builds one test per stream, simulations and benchmarks many.
+_SCORE_THRESHOLDS: dict[tuple[object, ...], tuple[float, float]] = {}
 
 
 def horizon_arl0(n: int, alpha: float) -> float:
@@ -218,9 +227,19 @@ class StreamTest:
         if config.scores:
             for name, summary in sorted(baseline.evaluators.items()):
                 if summary.n >= 2:
-                    self.score_tests[name] = SequentialScoreTest(
-                        name, summary, alpha=self.alpha, beta=config.beta,
-                        drop=config.score_drop)
+                    test = SequentialScoreTest(name, summary, alpha=self.alpha,
+                                               beta=config.beta, drop=config.score_drop)
+                    if config.calibrate_scores:
+                        key = (baseline.baseline_id, name, self.n_plan, test.alpha,
+                               test.beta, test.drop)
+                        known = _SCORE_THRESHOLDS.get(key)
+                        if known is None:
+                            test.calibrate(self.n_plan, seed=zlib.crc32(
+                                f"{baseline.baseline_id}:{name}".encode()))
+                            known = _SCORE_THRESHOLDS[key] = (test.h_fail, test.h_pass)
+                        test.h_fail, test.h_pass = known
+                        test.calibrated = True
+                    self.score_tests[name] = test
         self.n_runs = 0
         self.passes = 0
         self.fails = 0

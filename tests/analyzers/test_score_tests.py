@@ -89,21 +89,25 @@ def test_fixed_n_errors_hold_on_realistic_scores(name: str) -> None:
     assert wrong_pass / reps <= 0.10 + 3 * 0.0095
 
 
+@pytest.mark.parametrize("calibrated", [False, True], ids=["anytime", "calibrated"])
 @pytest.mark.parametrize("name", sorted(DISTS))
-def test_sequential_errors_hold_and_it_decides_early(name: str) -> None:
-    """The anytime-valid test over 400 candidate scores: an unchanged candidate fails in
-    <= alpha, a regressed one passes in <= beta, baselines of 300 scores re-drawn 40 times
-    (25 candidates each); both decide in most repetitions, in well under 400 scores."""
+def test_sequential_errors_hold_and_it_decides_early(name: str, calibrated: bool) -> None:
+    """Over 400 candidate scores, anytime-valid and calibrated to the 400-score horizon:
+    an unchanged candidate fails in <= alpha, a regressed one passes in <= beta, baselines
+    of 300 scores re-drawn 40 times (25 candidates each); both decide in most repetitions,
+    in well under 400 scores."""
     draw = DISTS[name]
     rng = np.random.default_rng(7)
     fails = passes_regressed = 0
     spent: list[float] = []
     undecided = 0
     reps = 0
-    for _ in range(40):
+    for i in range(40):
         base = ScoreSummary.from_scores(draw(rng, (300,), False),
                                         (1.0, 5.0) if name == "rubric" else (0.0, 1.0))
         test = SequentialScoreTest("e", base, alpha=0.05, beta=0.1, drop=0.1)
+        if calibrated:
+            test.calibrate(400, reps=1_000, boots=50, seed=i)
         out, n = test.simulate(draw(rng, (25, 400), False))
         fails += int((out == 1).sum())
         undecided += int((out == 0).sum())

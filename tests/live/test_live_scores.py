@@ -69,8 +69,11 @@ def test_evaluations_decide_a_stream_in_fewer_runs_than_the_sprt() -> None:
     for scores in (True, False):
         print(f"scores={scores}: unchanged {dict(_count(verdicts[(False, scores)]))}, "
               f"regressed {dict(_count(verdicts[(True, scores)]))}")
-    assert verdicts[(False, True)].count("pass") >= 54
-    assert verdicts[(True, True)].count("fail") >= 54
+    # the regression is a drop of exactly score_drop: the evaluation test may pass it with
+    # probability beta = 0.1 (6 of 60, binomial sd 2.3; at most 13 allowed), and an
+    # unchanged candidate fails with probability about alpha (3 of 60; at most 9)
+    assert verdicts[(False, True)].count("pass") >= 51
+    assert verdicts[(True, True)].count("fail") >= 47
 
 
 def _count(xs: list[str]) -> dict[str, int]:
