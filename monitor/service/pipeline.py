@@ -49,6 +49,11 @@ CALIBRATION_APPLY_SECONDS = 0.04
 _Item = tuple[Position, Position, list[SpanRecord]]
 
 
+def _spans_in(batch: list[SpanRecord]) -> int:
+    """Spans of a batch, its evaluation records (OTLP log records) left out."""
+    return sum(1 for s in batch if s.kind != KIND_EVALUATION)
+
+
 class Pipeline:
     """The SpanSink behind every receiver, and the thread that drains it."""
 
@@ -112,7 +117,8 @@ class Pipeline:
             else:
                 pos = end = (0, 0)
             self._queued_spans += n
-            self.acked[receiver] = self.acked.get(receiver, 0) + n
+            # spans_received_total counts spans: evaluation records are log records
+            self.acked[receiver] = self.acked.get(receiver, 0) + _spans_in(spans)
             self._queue.put((pos, end, spans))
         return True
 
@@ -297,8 +303,9 @@ class Pipeline:
         replayed = 0
         for pos, receiver, spans in self.wal.read_from(start):
             if pos >= acked_end:
-                self.acked[receiver] = self.acked.get(receiver, 0) + len(spans)
-                self.counters.add_received(receiver, len(spans))
+                n_spans = _spans_in(spans)
+                self.acked[receiver] = self.acked.get(receiver, 0) + n_spans
+                self.counters.add_received(receiver, n_spans)
             late_ok = taken is not None and pos >= taken
             keep = [s for s in spans if s.trace_id not in skip_set
                     or (late_ok and s.kind == KIND_EVALUATION)]

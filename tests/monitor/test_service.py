@@ -420,3 +420,51 @@ def test_a_checkpoint_not_written_by_the_state_dirs_writer_is_refused(tmp_path) 
     os.chmod(tmp_path / "state.key", 0o644)
     with pytest.raises(StateError, match="mode 0600"):
         StateStore(tmp_path).load()
+
+
+def _evaluations(mon: Monitor, evaluator: str = "helpfulness") -> int:
+    return sum(st.evaluators[evaluator].count for st in mon.engine.streams()
+               if evaluator in st.evaluators)
+
+
+def test_a_late_evaluation_acknowledged_before_a_kill_is_counted_once(tmp_path) -> None:
+    """Evaluations arriving after their run closed survive a kill -9 like spans: those
+    the engine had before the checkpoint are not applied twice, those after it are
+    replayed from the log, and the checkpoint keeps the join's digests across a restart."""
+    from assaywatch.monitor.receivers.spans import evaluation_record
+
+    def judge(tid: str, score: float) -> list:
+        return [evaluation_record(tid, "", 0, {"gen_ai.evaluation.name": "helpfulness",
+                                               "gen_ai.evaluation.score.value": score},
+                                  {"service.name": "judge"})]
+
+    cfg = _durable_config(tmp_path)
+    mon = Monitor(cfg)
+    mon.start()
+    tids = _offer_runs(mon, 10, seed=7)
+    _wait_runs(mon, 10)
+    for tid in tids[:4]:  # late: their runs closed
+        assert mon.pipeline.offer(judge(tid, 0.9), "otlp_http")
+    deadline = time.monotonic() + 10
+    while _evaluations(mon) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _evaluations(mon) == 4
+    mon.checkpoint()
+    for tid in tids[4:7]:  # after the checkpoint: replayed from the log after the kill
+        assert mon.pipeline.offer(judge(tid, 0.8), "otlp_http")
+    _crash(mon)
+    again = Monitor(cfg)
+    again.start()
+    try:
+        assert _evaluations(again) == 7
+        for tid in tids[7:]:  # the digests came back with the checkpoint: still joined
+            assert again.pipeline.offer(judge(tid, 0.7), "otlp_http")
+        deadline = time.monotonic() + 10
+        while _evaluations(again) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _evaluations(again) == 10
+        assert again.pipeline.assembler.join.counts["late"] >= 6
+        # evaluation records are log records, not spans
+        assert again.counters.snapshot()[0] == {"otlp_http": 10 * SPANS_PER_RUN}
+    finally:
+        again.stop()
