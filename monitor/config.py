@@ -93,6 +93,23 @@ class AssemblerConfig:
 
 
 @dataclass
+class StreamsConfig:
+    key_attributes: list[str] = _opt(
+        [], "Extra attributes that split a stream (agent, version, scenario) further, so "
+        "each value gets its own baseline: e.g. gen_ai.request.model (per model; falls back "
+        "to the run's first model call), a tenant or prompt-version attribute. Read on the "
+        "run's root span, else its resource; their values join the scenario label as "
+        "`refund [gen_ai.request.model=gpt-4o-mini]`. Bounded by limits.max_streams like "
+        "any stream; values cut to 64 characters.")
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.key_attributes if not isinstance(k, str) or not k]
+        if bad or len(self.key_attributes) > 8:
+            raise ConfigError("streams: key_attributes must be at most 8 attribute names, "
+                              f"got {self.key_attributes!r}")
+
+
+@dataclass
 class EvaluationsConfig:
     join_window_seconds: float = _opt(
         600.0, "How long after its run closed an evaluation (OTLP log event "
@@ -191,6 +208,8 @@ class MonitorConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig, metadata={"doc": "Bounds."})
     evaluations: EvaluationsConfig = field(default_factory=EvaluationsConfig,
                                            metadata={"doc": "Evaluation scores."})
+    streams: StreamsConfig = field(default_factory=StreamsConfig,
+                                   metadata={"doc": "Stream keys."})
     state_dir: str = _opt("", "Directory for the SQLite checkpoint and the alarm event log; "
                           "empty keeps state in memory only.")
     baselines: list[str] = _opt([], "Baseline JSON files (from `assaywatch baseline build`) "

@@ -57,15 +57,18 @@ def load_runs(paths: Sequence[str], *, strict: bool, policy: Any = None,
 
     rules = None
     threshold = 0.5
+    keys: tuple[str, ...] = ()
     if policy is not None:
         threshold = policy.evaluation_threshold
+        keys = tuple(getattr(policy, "key_attributes", ()) or ())
         if policy.contracts:
             try:
                 rules = ContractRules.from_dict(policy.contracts)
             except ValueError as exc:
                 raise usage_error(f"contracts: {exc}") from None
     try:
-        runs, stats = _load(paths, strict=strict, rules=rules, score_threshold=threshold)
+        runs, stats = _load(paths, strict=strict, rules=rules, score_threshold=threshold,
+                            key_attributes=keys)
     except SpanFileError as exc:
         raise usage_error(f"{exc} (use without --strict to skip bad records)") from None
     except OSError as exc:

@@ -104,6 +104,9 @@ class GatePolicy:
     score_drop: float = _f(0.1, "Smallest drop of an evaluator's mean score, as a fraction "
                            "of its scale (0.1 on 0-1 scores, 0.4 on a 1-5 rubric), that "
                            "counts as a regression (evaluation tests).")
+    key_attributes: list[str] = _f([], "Extra stream key attributes, as the monitor's "
+                                   "streams.key_attributes: set both alike so baselines and "
+                                   "candidates are split the same way.")
     scores_decide: bool = _f(True, "Live gate: a stream whose every graded evaluator passed "
                              "its sequential test stops there, without waiting for the "
                              "pass/fail SPRT (reported as superseded); false waits for both.")

@@ -70,7 +70,8 @@ def iter_runs(paths: Sequence[str], *, strict: bool = False,
               rules: ContractRules | None = None,
               score_threshold: float = DEFAULT_SCORE_THRESHOLD,
               stats: LoadStats | None = None,
-              max_open_traces: int = MAX_OPEN_TRACES) -> Iterator[Run]:
+              max_open_traces: int = MAX_OPEN_TRACES,
+              key_attributes: Sequence[str] = ()) -> Iterator[Run]:
     """Yield the runs of span files in the order the live monitor would close them.
 
     No trace is closed by time (the assembler's grace and age settings do not apply).
@@ -93,7 +94,7 @@ def iter_runs(paths: Sequence[str], *, strict: bool = False,
 
     def assemble(spans: list[SpanRecord]) -> list[Run]:
         return assemble_all(spans, rules=rules, score_threshold=score_threshold,
-                            counters=counters)
+                            counters=counters, key_attributes=tuple(key_attributes))
 
     open_traces: dict[str, list[SpanRecord]] = {}  # first-seen order
     runs: list[Run] = []

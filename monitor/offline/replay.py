@@ -29,7 +29,8 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
                     score_shift=cfg.evaluations.min_drop)
     rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None
     for run in iter_runs(paths, strict=strict, rules=rules,
-                         score_threshold=cfg.evaluation_threshold, stats=result.stats):
+                         score_threshold=cfg.evaluation_threshold, stats=result.stats,
+                         key_attributes=cfg.streams.key_attributes):
         engine.process(run)
     result.streams = engine.streams()
     return result

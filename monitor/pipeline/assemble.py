@@ -196,6 +196,10 @@ class Assembler:
     join_window_s, max_closed_runs, max_waiting_evaluations:
         The join of evaluations received as log events (``pipeline/join.py``); late ones
         are returned by :meth:`take_evaluations`.
+    key_attributes:
+        Extra stream key attributes (``streams.key_attributes``): their values on a run's
+        root (or its resource; a model attribute falls back to the first model call) are
+        appended to the scenario, ``refund [gen_ai.request.model=gpt-4o-mini]``.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, grace_s: float = 5.0,
@@ -208,7 +212,8 @@ class Assembler:
                  keep_non_genai: bool = False,
                  max_pending_bytes: int | None = DEFAULT_MAX_PENDING_BYTES,
                  join_window_s: float = 600.0, max_closed_runs: int = 100_000,
-                 max_waiting_evaluations: int = 10_000) -> None:
+                 max_waiting_evaluations: int = 10_000,
+                 key_attributes: tuple[str, ...] = ()) -> None:
         for name, value in (("grace_s", grace_s), ("max_age_s", max_age_s)):
             if not value >= 0:
                 raise ValueError(f"Assembler: {name} must be >= 0 seconds, got {value!r}")
@@ -245,6 +250,7 @@ class Assembler:
         self._out: list[Run] = []
         self._logged_bad = False
         self.join = EvaluationJoin(join_window_s, max_closed_runs, max_waiting_evaluations)
+        self.key_attributes = tuple(key_attributes)
 
     @property
     def pending_traces(self) -> int:
@@ -305,7 +311,7 @@ class Assembler:
                     counters.add_dropped("trace_too_large")
                     continue
                 try:
-                    node = Node(span, classify(span))
+                    node = Node(span, classify(span, self.key_attributes))
                 except Exception:
                     if not self._logged_bad:  # once: a bad producer would flood the log
                         self._logged_bad = True
@@ -438,7 +444,8 @@ class Assembler:
             runs = build_runs(tid, tr.nodes, self.counters, rules=self.rules,
                               score_threshold=self.score_threshold,
                               include_generic_steps=self.include_generic_steps,
-                              keep_non_genai=self.keep_non_genai)
+                              keep_non_genai=self.keep_non_genai,
+                              key_attributes=self.key_attributes)
         except Exception:  # a malformed trace never stops the others from closing
             logger.exception("trace %s could not be assembled; dropping its %d spans "
                              "(counted as assembly_error)", tid, len(tr.nodes))
@@ -460,7 +467,8 @@ class Assembler:
 def assemble_all(spans: Iterable[SpanRecord], rules: ContractRules | None = None,
                  score_threshold: float = DEFAULT_SCORE_THRESHOLD,
                  counters: IngestCounters | None = None,
-                 max_pending_traces: int = 1_000_000) -> list[Run]:
+                 max_pending_traces: int = 1_000_000,
+                 key_attributes: tuple[str, ...] = ()) -> list[Run]:
     """Offline assembly: feed everything, flush, runs sorted by (start_ns, run_id).
 
     Deterministic: the result does not depend on the order or batching of ``spans``
@@ -470,7 +478,7 @@ def assemble_all(spans: Iterable[SpanRecord], rules: ContractRules | None = None
     """
     asm = Assembler(clock=lambda: 0.0, max_pending_traces=max_pending_traces,
                     counters=counters, rules=rules, score_threshold=score_threshold,
-                    max_pending_bytes=None)
+                    max_pending_bytes=None, key_attributes=key_attributes)
     batch: list[SpanRecord] = []
     for span in spans:
         batch.append(span)

@@ -122,12 +122,17 @@ class NormalizedSpan:
     evaluations: tuple[Evaluation, ...] = ()
     tool_definitions: tuple[str, ...] = ()
     marks: dict[str, str] | None = None
+    #: Values of the configured stream key attributes (``streams.key_attributes``) found
+    #: on a possible run root or its resource: (attribute, value) pairs
+    key_values: tuple[tuple[str, str], ...] = ()
     #: An OpenInference AGENT span named like a LangGraph model node (``agent``): below a
     #: container span it is the graph's plumbing, not an agent (runs.py decides).
     graph_node: bool = False
 
 
 MAX_SHARED = 8_192
+#: Characters of a stream key attribute's value kept (it becomes part of a label value).
+MAX_KEY_VALUE = 64
 
 
 class _Shared(dict[str | None, str | None]):
@@ -216,8 +221,9 @@ def _is_handoff(span: SpanRecord, attrs: Mapping[str, AttrValue], tool: str | No
             or (tool is not None and tool.startswith("transfer_to_")))
 
 
-def classify(span: SpanRecord) -> NormalizedSpan:
-    """Normalize one span. Pure, content-free, never keeps a reference to the span."""
+def classify(span: SpanRecord, key_attributes: tuple[str, ...] = ()) -> NormalizedSpan:
+    """Normalize one span. Pure, content-free, never keeps a reference to the span.
+    ``key_attributes``: extra stream key attributes read on possible run roots."""
     attrs = span.attributes
     kind, by = _kind(span, attrs)
     tool: str | None = None
@@ -303,6 +309,16 @@ def classify(span: SpanRecord) -> NormalizedSpan:
                     marks = {}
                 if len(marks) < MAX_MARKS:
                     marks[k] = str(mv)[:MAX_MARK_CHARS]
+    key_values: tuple[tuple[str, str], ...] = ()
+    if may_root and key_attributes:
+        found = []
+        for k in key_attributes:
+            kv = attrs.get(k)
+            if kv is None:
+                kv = span.resource.get(k)
+            if kv is not None and not isinstance(kv, (bytes, dict, tuple)):
+                found.append((k, str(share(str(kv)[:MAX_KEY_VALUE]))))
+        key_values = tuple(found)
     return NormalizedSpan(
         kind=kind, action=ACTION_OF_KIND[kind], is_agent_span=is_agent,
         is_entry=is_entry, tool=share(tool), agent_name=share(agent_name),
@@ -311,4 +327,4 @@ def classify(span: SpanRecord) -> NormalizedSpan:
         input_tokens=in_tok, output_tokens=out_tok, cost_usd=cost,
         output_length=out_len if out_len is not None else out_tok, error=error,
         evaluations=tuple(evaluations), tool_definitions=tool_defs, marks=marks,
-        graph_node=graph_node)
+        key_values=key_values, graph_node=graph_node)

@@ -79,7 +79,13 @@ from assaywatch.analyzers.model import (
     StreamKey,
 )
 from assaywatch.monitor.pipeline.dialects import STEP_ROOT_KINDS
-from assaywatch.monitor.pipeline.normalize import CONTAINER_KINDS, Kind, NormalizedSpan, share
+from assaywatch.monitor.pipeline.normalize import (
+    CONTAINER_KINDS,
+    MAX_KEY_VALUE,
+    Kind,
+    NormalizedSpan,
+    share,
+)
 from assaywatch.monitor.pipeline.outcome import (
     DEFAULT_SCORE_THRESHOLD,
     ContractRules,
@@ -208,7 +214,8 @@ def _entry_agent(root: Node, children: dict[str, list[Node]],
 def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
                rules: ContractRules | None = None,
                score_threshold: float = DEFAULT_SCORE_THRESHOLD,
-               include_generic_steps: bool = False, keep_non_genai: bool = False) -> list[Run]:
+               include_generic_steps: bool = False, keep_non_genai: bool = False,
+               key_attributes: tuple[str, ...] = ()) -> list[Run]:
     """The runs of one closed trace, sorted by (start_ns, root span id)."""
     if not nodes:
         return []
@@ -308,8 +315,8 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
                 else:
                     host.entries.append((node, depth + 1, parent or host.root.span_id))
 
-    return [_make_run(trace_id, r, nodes, rules, score_threshold, include_generic_steps)
-            for r in runs]
+    return [_make_run(trace_id, r, nodes, rules, score_threshold, include_generic_steps,
+                      key_attributes) for r in runs]
 
 
 def _host_run(runs: list[_RunParts], top: Node) -> _RunParts | None:
@@ -338,7 +345,7 @@ def _scenario(root: Node, nodes: dict[str, Node], steps: list[Node]) -> str:
 
 def _make_run(trace_id: str, parts: _RunParts, nodes: dict[str, Node],
               rules: ContractRules | None, score_threshold: float,
-              include_generic: bool) -> Run:
+              include_generic: bool, key_attributes: tuple[str, ...] = ()) -> Run:
     root = parts.root
     rn = root.norm
     # A root that is itself a model or tool call (no agent span wraps it) is the run's
@@ -384,6 +391,9 @@ def _make_run(trace_id: str, parts: _RunParts, nodes: dict[str, Node],
         version=(rn.agent_version or (absorbed.agent_version if absorbed else None)
                  or root.service_version or ""),
         scenario=_scenario(root, nodes, [n for n, _ in kept]))
+    if key_attributes:
+        key = StreamKey(key.agent, key.version,
+                        _keyed_scenario(key.scenario, rn, absorbed, steps, key_attributes))
     output_length = rn.output_length
     if output_length <= 0:
         llm_steps = [s for s in steps if s.action is Action.LLM]
@@ -420,3 +430,29 @@ def scores_of(evaluations: Iterable[Evaluation]) -> dict[str, float]:
             continue
         sums.setdefault(name, []).append(ev.score)
     return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+#: Key attributes answered by the run's first model call when its root does not carry them.
+MODEL_KEYS = ("gen_ai.request.model", "gen_ai.response.model")
+
+
+def _keyed_scenario(scenario: str, root: NormalizedSpan, absorbed: NormalizedSpan | None,
+                    steps: list[Step], key_attributes: tuple[str, ...]) -> str:
+    """The scenario with the configured key attributes' values (``streams.key_attributes``):
+    ``refund [gen_ai.request.model=gpt-4o-mini, app.tenant=acme]``; an attribute the run's
+    root (or its resource) does not carry is left out; a model attribute falls back to the
+    run's first model call."""
+    values = dict(root.key_values)
+    if absorbed is not None:
+        for k, v in absorbed.key_values:
+            values.setdefault(k, v)
+    parts = []
+    for k in key_attributes:
+        v = values.get(k)
+        if v is None and k in MODEL_KEYS:
+            v = next((s.model for s in steps if s.model), None)
+        if v is not None:
+            parts.append(f"{k}={v[:MAX_KEY_VALUE]}")
+    if not parts:
+        return scenario
+    return f"{scenario} [{', '.join(parts)}]" if scenario else f"[{', '.join(parts)}]"

@@ -241,7 +241,8 @@ class Monitor:
         ing = self.config.ingest
         # Decode only the attributes the pipeline reads: the rest (message content, HTTP
         # and framework attributes) is skipped before conversion, saving time and memory.
-        limits = DecodeLimits(keep_keys=READ_KEYS, keep_prefixes=READ_PREFIXES)
+        limits = DecodeLimits(keep_keys=READ_KEYS | frozenset(
+            self.config.streams.key_attributes), keep_prefixes=READ_PREFIXES)
         if listen.otlp_grpc:
             host, port = parse_hostport(listen.otlp_grpc, "otlp_grpc")
             with _listener("OTLP/gRPC", listen.otlp_grpc, "--otlp-grpc"):

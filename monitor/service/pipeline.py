@@ -83,7 +83,8 @@ class Pipeline:
             counters=counters, rules=rules, score_threshold=config.evaluation_threshold,
             join_window_s=config.evaluations.join_window_seconds,
             max_closed_runs=config.evaluations.max_closed_runs,
-            max_waiting_evaluations=config.evaluations.max_waiting)
+            max_waiting_evaluations=config.evaluations.max_waiting,
+            key_attributes=tuple(config.streams.key_attributes))
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.runs_processed = 0
