@@ -225,6 +225,13 @@ class Engine:
         if st is None:
             self.dropped["evaluation_without_stream"] += 1
             return []
+        base = st.baseline
+        if (base is not None and st.baseline_origin == "learned" and late.start_ns
+                and base.last_start_ns is not None and late.start_ns <= base.last_start_ns):
+            # a run the baseline learned from, judged after the freeze: neither baseline
+            # (frozen) nor candidate (it would dilute a change with in-control scores)
+            self.dropped["evaluation_of_learning_run"] += len(late.scores)
+            return []
         events: list[AlarmEvent] = []
         for name, score in late.scores.items():
             if not self._count_score(st, name, score):

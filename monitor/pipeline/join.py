@@ -48,6 +48,9 @@ class LateEvaluation:
     evaluation: Evaluation
     #: the evaluator's score by name (empty when the evaluation has no score)
     scores: dict[str, float]
+    #: the run's start (Unix ns): tells the engine whether the run was one its baseline
+    #: learned from
+    start_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class _RunDigest:
     key: StreamKey
     #: the run's span ids; None when it is the trace's only run (any span names it)
     span_ids: frozenset[str] | None
+    start_ns: int = 0
 
 
 class EvaluationJoin:
@@ -124,7 +128,8 @@ class EvaluationJoin:
             self.counts["unmatched"] += 1
             return True
         self.counts["late"] += 1
-        self._late.append(LateEvaluation(target.run_id, target.key, ev, scores_of([ev])))
+        self._late.append(LateEvaluation(target.run_id, target.key, ev, scores_of([ev]),
+                                         target.start_ns))
         return True
 
     def closed(self, trace_id: str, runs: Sequence[Run], now: float) -> None:
@@ -132,10 +137,11 @@ class EvaluationJoin:
         if not runs:
             return
         if len(runs) == 1:
-            digests: tuple[_RunDigest, ...] = (_RunDigest(runs[0].run_id, runs[0].key, None),)
+            digests: tuple[_RunDigest, ...] = (
+                _RunDigest(runs[0].run_id, runs[0].key, None, runs[0].start_ns),)
         else:
             digests = tuple(_RunDigest(r.run_id, r.key, frozenset(
-                [r.root_span_id, *(s.span_id for s in r.steps)])) for r in runs)
+                [r.root_span_id, *(s.span_id for s in r.steps)]), r.start_ns) for r in runs)
         self._closed[trace_id] = (now, digests)
         self._closed.move_to_end(trace_id)
         while len(self._closed) > self.max_closed:

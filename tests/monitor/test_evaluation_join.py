@@ -287,3 +287,28 @@ def test_metrics_name_each_evaluator() -> None:
     fp_alarm = (("agent", "support-agent"), ("detector", "cusum_fingerprint"),
                 ("evaluator", ""), ("scenario", "refund"), ("version", "1.0"))
     assert samples[("assaywatch_alarm", fp_alarm)] == 0
+
+
+def test_a_late_score_of_a_learning_run_after_the_freeze_is_set_aside() -> None:
+    """The judge answered after the baseline froze for a run the baseline learned from: it
+    is neither learned (frozen) nor fed to the detector (an in-control score diluting a
+    change), only counted; a later run's score is monitored."""
+    rng = random.Random(12)
+    eng = _engine()
+    learn = _runs(300, rng)
+    for r in learn[:200]:
+        r.scores = {"helpfulness": _helpfulness(rng)}
+    for r in learn:
+        eng.process(r)
+    st = eng.stream(KEY)
+    assert st is not None and st.baseline is not None
+    late = learn[250]
+    eng.process_evaluation(LateEvaluation(late.run_id, KEY, Evaluation(name="helpfulness"),
+                                          {"helpfulness": 0.1}, late.start_ns))
+    assert eng.dropped["evaluation_of_learning_run"] == 1
+    assert st.evaluators["helpfulness"].count == 200
+    after = _runs(1, rng, start=5_000)[0]
+    eng.process(after)
+    eng.process_evaluation(LateEvaluation(after.run_id, KEY, Evaluation(name="helpfulness"),
+                                          {"helpfulness": 0.9}, after.start_ns))
+    assert st.evaluators["helpfulness"].count == 201
