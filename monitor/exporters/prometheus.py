@@ -203,8 +203,9 @@ class MonitorCollector(Collector):
         yield fam
         fam = CounterMetricFamily("assaywatch_evaluation_joins",
                                   "Evaluations received as log events, by what became of "
-                                  "them: on_trace, late, unmatched, invalid, waiting_limit; "
-                                  "digest_evicted counts closed traces forgotten early.",
+                                  "them: on_trace, late, unmatched, invalid, waiting_limit, "
+                                  "late_not_taken; digest_evicted counts closed traces "
+                                  "forgotten early.",
                                   labels=["outcome"])
         joins = dict.fromkeys(JOIN_OUTCOMES, 0)
         if snap is not None:

@@ -20,7 +20,9 @@ each one by the state of its trace:
 
 Digests are kept ``window_s`` after their trace closed, at most ``max_closed`` of them
 (the oldest forgotten first, counted ``digest_evicted``). An evaluation without a score,
-label or pass flag is ``invalid``. Every outcome is counted in :attr:`EvaluationJoin.counts`
+label or pass flag is ``invalid``. Late evaluations wait for :meth:`take_late`, at most
+:data:`MAX_LATE_PENDING` of them (``late_not_taken`` beyond: a stage that has no engine to
+give them to, such as the Kafka assembler, which does not forward them yet). Every outcome is counted in :attr:`EvaluationJoin.counts`
 (``assaywatch_evaluation_joins_total{outcome}``).
 """
 
@@ -34,9 +36,11 @@ from assaywatch.analyzers.model import Run, StreamKey
 from assaywatch.monitor.pipeline.outcome import Evaluation
 from assaywatch.monitor.pipeline.runs import scores_of
 
+#: Late evaluations held for :meth:`EvaluationJoin.take_late` at most.
+MAX_LATE_PENDING = 100_000
 #: Outcomes counted by :class:`EvaluationJoin` (module docstring).
 JOIN_OUTCOMES = ("on_trace", "late", "unmatched", "invalid", "waiting_limit",
-                 "digest_evicted")
+                 "digest_evicted", "late_not_taken")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,11 @@ class EvaluationJoin:
             self.counts["unmatched"] += 1
             return True
         self.counts["late"] += 1
+        if len(self._late) >= MAX_LATE_PENDING:
+            # nobody takes them (a consumer without an engine, e.g. the Kafka assembler
+            # stage): bounded, counted
+            self._late.pop(0)
+            self.counts["late_not_taken"] += 1
         self._late.append(LateEvaluation(target.run_id, target.key, ev, scores_of([ev]),
                                          target.start_ns))
         return True

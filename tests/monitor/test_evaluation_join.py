@@ -312,3 +312,18 @@ def test_a_late_score_of_a_learning_run_after_the_freeze_is_set_aside() -> None:
     eng.process_evaluation(LateEvaluation(after.run_id, KEY, Evaluation(name="helpfulness"),
                                           {"helpfulness": 0.9}, after.start_ns))
     assert st.evaluators["helpfulness"].count == 201
+
+
+def test_late_evaluations_nobody_takes_are_bounded_and_counted(monkeypatch) -> None:
+    import assaywatch.monitor.pipeline.join as join_mod
+
+    monkeypatch.setattr(join_mod, "MAX_LATE_PENDING", 2)
+    clock = Clock()
+    asm = _asm(clock)
+    runs = [_run_spans(30 + i) for i in range(3)]
+    asm.add([s for r in runs for s in r])
+    clock.t = 2.0
+    assert len(asm.poll()) == 3
+    asm.add([_eval(_root(r)) for r in runs])
+    assert len(asm.take_evaluations()) == 2
+    assert asm.join.counts["late_not_taken"] == 1 and asm.join.counts["late"] == 3
