@@ -22,7 +22,8 @@ Digests are kept ``window_s`` after their trace closed, at most ``max_closed`` o
 (the oldest forgotten first, counted ``digest_evicted``). An evaluation without a score,
 label or pass flag is ``invalid``. Late evaluations wait for :meth:`take_late`, at most
 :data:`MAX_LATE_PENDING` of them (``late_not_taken`` beyond: a stage that has no engine to
-give them to, such as the Kafka assembler, which does not forward them yet). Every outcome is counted in :attr:`EvaluationJoin.counts`
+give them to, such as the Kafka assembler, which does not forward them yet). Every
+outcome is counted in :attr:`EvaluationJoin.counts`
 (``assaywatch_evaluation_joins_total{outcome}``).
 """
 
