@@ -1,8 +1,9 @@
 """The graded-score e-CUSUM (``analyzers/detectors/score.py``) on realistic score worlds.
 
 Run with ``python -m tests.benchmarks scores``. ``BENCH_SCORES_SCALE`` (default 1)
-multiplies every repetition count; 0.25 gives a quick look. One process, about 3 minutes
-at scale 1.
+multiplies every repetition count; 0.25 gives a quick look. The eight (world, n_b) cases
+run in two processes: about 4 minutes on two cores at scale 1 (the 4,800 calibrated
+thresholds, ~0.05 s each, are about half of it).
 
 Worlds, learned baselines and estimators are those of ``tests/realworld/test_score_rates.py``
 (its docstring states them): (a) lumpy, 50 % at 1.0 plus a Beta, (b) ordinal 1-5 rubric,
@@ -26,7 +27,25 @@ Per world, one row per baseline size:
   favourable design), run as the float LLR recursion at the detector's threshold; its
   measured ARL0 (first alarm, same estimator) beside it.
 
-A second table splits the e-CUSUM's delay: the detector as built; the same ``m0`` with the
+Per world, the **calibrated** threshold the monitor runs (``bootstrap.score_threshold``,
+40 bootstrap baselines, per baseline with its own rng), 600 baselines per n_b at scale 1:
+
+* in control: median h; the exact ARL0 of each baseline's detector under the world's law
+  (``exact_arl``: the CUSUM's Markov chain, not a simulation), its median and 5 %
+  quantile; ``<target``: share of baselines whose ARL0 is below the target (the
+  calibration states at most 0.05) and its 95 % upper confidence bound (Clopper-Pearson);
+  ``sim ARL0``: scores per alarm over one simulated stream of 10 arl0 per baseline, with
+  ``pred.`` the same predicted by the exact ARL0s (the check of the exact figures);
+* delays (two repetitions per baseline): zero start and steady state, ``FA<200``: share of
+  steady-state repetitions with a false alarm in the 200 in-control scores (dropped), the
+  ratios to the oracle at the target ARL0, the Lorden variant's steady delay and the
+  calibrated one's speed-up over it, and ``bit``: the learned pass/fail BernoulliCUSUM
+  (as above) on the same baselines, ``bit/e`` its delay over the calibrated e-CUSUM's (> 1:
+  the graded score detects sooner than the bit).
+
+A last line pools the share below target over the worlds per n_b.
+
+Another table splits the Lorden e-CUSUM's delay: the detector as built; the same ``m0`` with the
 bet ``lam*`` that maximises the expected log-growth under the *actual* post-change
 distribution (what ``best_lambda``'s "shifted down by 0.1" alternative aims at); and the
 baseline mean known (``m0`` = true mean, ``lam`` from ``best_lambda``), at ``arl0`` 500 and
@@ -41,6 +60,7 @@ import time
 from functools import cache
 
 import numpy as np
+from scipy import stats
 from scipy.optimize import minimize_scalar
 
 from assaywatch.analyzers.detectors import BernoulliCUSUM
@@ -49,6 +69,7 @@ from tests.realworld.measure import lr_cusum_threshold
 from tests.realworld.test_score_rates import (
     ARL0,
     HORIZON,
+    KEYS,
     PREFIX,
     SEED,
     SHIFT,
@@ -60,7 +81,7 @@ from tests.realworld.test_score_rates import (
     Sizes,
     World,
     learn,
-    measure_case,
+    measure_cases,
     oracle_delay,
     run_delays,
     run_incontrol,
@@ -74,7 +95,9 @@ def _scale(n: int, minimum: int = 2) -> int:
 
 
 SIZES_BENCH = Sizes(coverage=_scale(50_000, 2_000), baselines=_scale(2_000, 200),
-                    streams=5, delays=_scale(2_000, 200), oracle=_scale(10_000, 1_000))
+                    streams=5, delays=_scale(2_000, 200), oracle=_scale(10_000, 1_000),
+                    calibrated=tuple((n_b, _scale(600, 60)) for n_b in SIZES),
+                    calibrated_delays=2)
 
 
 # -- the pass/fail bit ---------------------------------------------------------------------
@@ -161,7 +184,8 @@ def bit_oracle(world: World, rng: np.random.Generator) -> Delays:
     return run_delays(world, inc, h, SIZES_BENCH.oracle, PREFIX, rng)
 
 
-def world_table(name: str, rng: np.random.Generator) -> list[str]:
+def world_table(name: str, cases: dict[tuple[str, int], Case], rng: np.random.Generator
+                ) -> list[str]:
     world = WORLDS[name]
     lo, hi = world.scale
     w = hi - lo
@@ -175,7 +199,7 @@ def world_table(name: str, rng: np.random.Generator) -> list[str]:
                 f"{'bit oracle':>11}"]
     b_orc = bit_oracle(world, rng)
     for n_b in SIZES:
-        c = measure_case(name, n_b, SIZES_BENCH, SEED + 7)
+        c = cases[(name, n_b)]
         inc = c.incontrol
         first = inc.arl_first()
         target = first if math.isfinite(first) else inc.arl_first_lower()
@@ -194,7 +218,64 @@ def world_table(name: str, rng: np.random.Generator) -> list[str]:
                         f"{at_meas.mean:>9.1f}{e / at_meas.mean:>7.2f}{bit.mean:>8.1f}"
                         f"{bit.mean / e:>7.2f}{b_orc.mean:>11.1f}"
                         + (f"  ({'; '.join(notes)})" if notes else ""))
-    return [head, "in control:"] + inc_rows + ["delays (steady state unless 'zero'):"] + del_rows
+    return ([head, "Lorden threshold log(arl0), in control:"] + inc_rows
+            + ["delays (steady state unless 'zero'):"] + del_rows
+            + calibrated_table(name, cases, rng))
+
+
+def _upper(k: int, n: int, level: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound of a binomial share."""
+    return 1.0 if k >= n else float(stats.beta.ppf(level, k + 1, n - k))
+
+
+def calibrated_table(name: str, cases: dict[tuple[str, int], Case],
+                     rng: np.random.Generator) -> list[str]:
+    world = WORLDS[name]
+    inc_rows = [f"{'n_b':>7}{'bases':>7}{'h med':>7}{'ARL0 med':>10}{'ARL0 q05':>10}"
+                f"{'<target':>9}{'(95% up)':>10}{'sim ARL0':>10}{'pred.':>8}"]
+    del_rows = [f"{'n_b':>7}{'zero':>7}{'steady':>8}{'FA<200':>8}{'ratio0':>8}{'ratio':>7}"
+                f"{'Lorden':>8}{'L/cal':>7}{'bit':>8}{'bit/e':>7}"]
+    for n_b in SIZES:
+        c = cases[(name, n_b)]
+        cal = c.cal
+        assert cal is not None
+        b = cal.arl0.size
+        onsets = int(cal.incontrol.onsets.sum())
+        sim = b * cal.incontrol.horizon / onsets if onsets else math.inf
+        pred = b * cal.incontrol.horizon / cal.predicted_onsets()
+        inc_rows.append(f"{n_b:>7,}{b:>7}{float(np.median(cal.learned.h)):>7.2f}"
+                        f"{float(np.median(cal.arl0)):>10.0f}"
+                        f"{float(np.quantile(cal.arl0, 0.05)):>10.0f}"
+                        f"{cal.share_below:>9.3f}{_upper(cal.below, b):>10.3f}"
+                        f"{sim:>10.0f}{pred:>8.0f}")
+        k = SIZES_BENCH.calibrated_delays
+        chart = BitChart(world, n_b, np.repeat(cal.learned.passes, k))
+        bit = run_delays(world, chart.increments, chart.h, chart.h.size, PREFIX, rng)
+        e = cal.steady.mean
+        fa = cal.steady.dropped / (cal.steady.dropped + cal.steady.delays.size)
+        notes = [f"calibrated {cal.steady.censored} censored at {cal.steady.max_delay}"
+                 ] if cal.steady.censored else []
+        notes += [f"bit {bit.censored} censored"] if bit.censored else []
+        del_rows.append(f"{n_b:>7,}{cal.delay0.mean:>7.1f}{e:>8.1f}{fa:>8.3f}"
+                        f"{c.cal_ratio(False)[0]:>8.2f}{c.cal_ratio(True)[0]:>7.2f}"
+                        f"{c.steady.mean:>8.1f}{c.steady.mean / e:>7.2f}{bit.mean:>8.1f}"
+                        f"{bit.mean / e:>7.2f}"
+                        + (f"  ({'; '.join(notes)})" if notes else ""))
+    return (["calibrated threshold (bootstrap.score_threshold), in control (exact ARL0 per "
+             "baseline):"] + inc_rows + ["calibrated, delays (ratios to the oracle at the "
+                                         "target arl0):"] + del_rows)
+
+
+def pooled_rows(cases: dict[tuple[str, int], Case]) -> list[str]:
+    rows = ["calibrated: share of baselines with an ARL0 below the target, pooled over the "
+            "worlds (stated at most 0.05)"]
+    for n_b in SIZES:
+        cals = [cases[(name, n_b)].cal for name in WORLDS]
+        below = sum(c.below for c in cals if c is not None)
+        b = sum(c.arl0.size for c in cals if c is not None)
+        rows.append(f"  n_b = {n_b:>5,}: {below} of {b} = {below / b:.3f} (95 % upper bound "
+                    f"{_upper(below, b):.3f})")
+    return rows
 
 
 def split_table(rng: np.random.Generator) -> list[str]:
@@ -217,13 +298,19 @@ def split_table(rng: np.random.Generator) -> list[str]:
 def main() -> None:
     rng = np.random.default_rng(SEED + 8)
     print(f"graded-score e-CUSUM, drop {SHIFT:g} of the scale, target arl0 {ARL0:g}, "
-          f"confidence 0.95; {SIZES_BENCH.baselines} in-control baselines x "
+          f"confidence 0.95; Lorden: {SIZES_BENCH.baselines} in-control baselines x "
           f"{SIZES_BENCH.streams} streams x {HORIZON} scores, {SIZES_BENCH.delays} delay "
-          f"repetitions, {SIZES_BENCH.coverage} baselines for P(m0>mu)")
+          f"repetitions, {SIZES_BENCH.coverage} baselines for P(m0>mu); calibrated: "
+          f"{dict(SIZES_BENCH.calibrated)} baselines per n_b, "
+          f"{SIZES_BENCH.calibrated_delays} delay repetitions each")
+    t0 = time.perf_counter()
+    cases = measure_cases(KEYS, SIZES_BENCH, SEED + 7)
+    print(f"(cases measured in {time.perf_counter() - t0:.0f} s)\n", flush=True)
     for name in WORLDS:
         t0 = time.perf_counter()
-        print("\n".join(world_table(name, rng)))
+        print("\n".join(world_table(name, cases, rng)))
         print(f"({time.perf_counter() - t0:.0f} s)\n", flush=True)
+    print("\n".join(pooled_rows(cases)) + "\n")
     print("(P(m0>mu): share of baselines whose m0 is above the true mean, stated 0.05; ARL0 "
           "1st: censored-exponential first-alarm estimate, horizon 10 arl0; ren.: scores per "
           "alarm onset; <target: share of baselines whose own renewal ARL0 is below the "
@@ -233,7 +320,14 @@ def main() -> None:
           "distributions at the target arl0; or@meas: the same at the e-CUSUM's ARL0 1st; "
           "bit: learned pass/fail BernoulliCUSUM at the e-CUSUM's nominal guarantee, bit/e "
           "its delay over the e-CUSUM's; bit oracle: LLR CUSUM on the bit knowing both pass "
-          "rates, at the target arl0)\n")
+          "rates, at the target arl0. Calibrated: h med, the median threshold (Lorden's is "
+          f"{math.log(ARL0):.2f}); ARL0 med / q05: median and 5 % quantile over baselines of "
+          "the exact ARL0; <target: share of baselines whose exact ARL0 is below the target; "
+          "sim ARL0 / pred.: scores per alarm in simulation / predicted by the exact ARL0s; "
+          "FA<200: share of steady-state repetitions alarmed in the 200 in-control scores; "
+          "ratio0 / ratio: zero-start / steady delay over the oracle's; Lorden: the Lorden "
+          "variant's steady delay, L/cal its ratio to the calibrated one; bit/e: the "
+          "pass/fail chart's steady delay over the calibrated e-CUSUM's)\n")
     t0 = time.perf_counter()
     print("\n".join(split_table(rng)))
     print(f"({time.perf_counter() - t0:.0f} s)", flush=True)

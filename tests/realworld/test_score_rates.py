@@ -11,13 +11,18 @@ partial ones get worse), not by subtraction. Every repetition learns its own bas
 recursion is vectorised across repetitions with the detector's own ``lam``, ``m0`` and
 ``h`` (:func:`test_vectorised_recursion_is_the_detector` checks it against ``update``).
 
+Two thresholds are measured on the same worlds: Lorden's ``log(arl0)`` (``h=None``, the
+distribution-free variant) and the **calibrated** one the monitor runs,
+``bootstrap.score_threshold(summary, 0.1, arl0, confidence, 40, rng)`` computed per
+baseline with its own seeded rng and passed as ``h``.
+
 How each claim is measured (``arl0 = 500``, the production 10,000 would take 20x longer):
 
 * The baseline's bound, ``m0 <= true mean`` (the theorem's hypothesis): over 20,000
   baselines its failure rate is at most ``1 - confidence`` (binomial 0.999 quantile as the
   Monte Carlo margin, here and below).
-* In control: 600 baselines, 5 streams each of ``HORIZON = 10 arl0`` scores from a fresh
-  start, restarted at every alarm.
+* In control (Lorden): 400 baselines, 5 streams each of ``HORIZON = 10 arl0`` scores
+  from a fresh start, restarted at every alarm.
   - Lorden, given the hypothesis: over the baselines satisfying it, the count of alarm
     onsets is at most the 0.995 Poisson quantile of ``exposure / arl0`` (the renewal
     estimate of the ARL0 is exposure / onsets);
@@ -29,6 +34,16 @@ How each claim is measured (``arl0 = 500``, the production 10,000 would take 20x
   The first-alarm figure of the benchmark is the censored-exponential estimate (exposure
   until the first alarm or the horizon, over first alarms; with none, its one-sided 95 %
   lower bound).
+* In control (calibrated): 200 baselines at n_b = 200 and 300 at n_b = 1,000 per world.
+  Its ARL0 is near the target (median 1-3x), where a simulated per-baseline ARL0 is too
+  noisy to say which side of the target it falls; the ARL0 of each baseline's detector is
+  computed exactly instead (:func:`exact_arl`: the CUSUM's Markov chain on a 500-point
+  lattice, mean-preserving split of the increments, Richardson extrapolation; within
+  1 % of long simulations, and checked here against one simulated stream per baseline).
+  The claim: the share of baselines whose ARL0 is below arl0 is at most
+  ``1 - confidence``, per world and pooled over the four worlds per n_b (binomial 0.999
+  quantile as the margin: at 300 baselines a share up to 0.093, pooled over 1,200 up to
+  0.071, passes).
 * Delays, from time 0 and in steady state (change after ``PREFIX = 200`` in-control
   scores; repetitions alarmed in the prefix are dropped and counted), against the oracle:
   Page's CUSUM on the exact log-likelihood ratio of the post- against the pre-change
@@ -38,12 +53,14 @@ How each claim is measured (``arl0 = 500``, the production 10,000 would take 20x
   the horizon): the ratio charges the e-CUSUM for its conservatism. Target: <= 2x the
   oracle. A ratio counts as met when the measured ratio minus 3 Monte Carlo standard
   errors is at most 2; the cases that do not meet it are xfail with the measured figure.
+  The calibrated delays use two repetitions per calibrated baseline (400 or 600).
 
 ``python -m tests.benchmarks scores`` prints the same figures with more repetitions and a
 pass/fail Bernoulli CUSUM on the thresholded score beside them, and splits the delay.
 
-Measured figures (this seed) are in the xfail reasons below; the module runs in about
-40 s on one core.
+Measured figures (this seed) are in the xfail reasons below. The eight cases run in two
+processes (``measure.default_workers``): about 90 s of CPU, half of it the 2,000
+calibrations (~0.05 s each), and 60 s on two cores.
 """
 
 from __future__ import annotations
@@ -56,10 +73,11 @@ from functools import cache
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from scipy import stats
+from scipy import linalg, special, stats
 
+from assaywatch.analyzers.detectors.bootstrap import score_threshold
 from assaywatch.analyzers.detectors.score import ScoreDropCUSUM, ScoreSummary
-from tests.realworld.measure import lr_cusum_threshold
+from tests.realworld.measure import _map, default_workers, lr_cusum_threshold
 
 pytestmark = pytest.mark.slow  # seeded Monte Carlo, tens of seconds
 
@@ -73,6 +91,10 @@ MAX_DELAY = 20_000
 SIZES = (200, 1_000)
 SEED = 20261220
 CHUNK = 250
+#: bootstrap baselines per calibrated threshold (the monitor's ``detectors.bootstrap_reps``)
+CAL_REPS = 40
+#: lattice points of the exact ARL computation
+LATTICE = 500
 
 
 # -- the worlds ----------------------------------------------------------------------------
@@ -106,6 +128,12 @@ class Categorical:
         mid = (self.scale[0] + self.scale[1]) / 2
         p = self.p1 if changed else self.p0
         return float(sum(q for v, q in zip(self.levels, p, strict=True) if v >= mid))
+
+    def law(self, changed: bool = False) -> tuple[F64, F64]:
+        """(normalised levels, probabilities): the exact law of y = (x - lo) / (hi - lo)."""
+        lo, hi = self.scale
+        return ((np.asarray(self.levels, dtype=float) - lo) / (hi - lo),
+                np.asarray(self.p1 if changed else self.p0, dtype=float))
 
 
 @dataclass(frozen=True)
@@ -147,6 +175,15 @@ class MassBeta:
         w, (a, b) = self._params(changed)
         return float(w + (1 - w) * stats.beta.sf(0.5, a, b))
 
+    def law(self, changed: bool = False, grid: int = 4_000) -> tuple[F64, F64]:
+        """(values, probabilities) on [0, 1]: the atom at 1.0 and the Beta at the midpoints
+        of ``grid`` equal-probability cells (a discretisation fine enough for the lattice
+        ARL below: its increments are split between lattice points anyway)."""
+        w, (a, b) = self._params(changed)
+        u = (np.arange(grid) + 0.5) / grid
+        return (np.concatenate([special.betaincinv(a, b, u), [1.0]]),
+                np.concatenate([np.full(grid, (1 - w) / grid), [w]]))
+
 
 World = Categorical | MassBeta
 
@@ -182,11 +219,12 @@ def normalised_drop(world: World) -> float:
 @dataclass
 class Learned:
     """One detector per column, each from its own baseline of ``n_b`` scores (the real
-    ``ScoreDropCUSUM``'s ``lam``, ``m0`` and ``h``)."""
+    ``ScoreDropCUSUM``'s ``lam``, ``m0`` and ``h``: one Lorden threshold for all, or one
+    calibrated threshold per column)."""
 
     lam: F64
     m0: F64
-    h: float
+    h: float | F64
     lo: float
     hi: float
     true_mean: float  # normalised
@@ -200,7 +238,8 @@ class Learned:
 
     def repeat(self, k: int) -> Learned:
         """Each detector ``k`` times in a row (``k`` streams per baseline)."""
-        return Learned(np.repeat(self.lam, k), np.repeat(self.m0, k), self.h, self.lo,
+        h = self.h if np.isscalar(self.h) else np.repeat(self.h, k)
+        return Learned(np.repeat(self.lam, k), np.repeat(self.m0, k), h, self.lo,
                        self.hi, self.true_mean, np.repeat(self.passes, k))
 
     def increments(self, x: F64) -> F64:
@@ -219,6 +258,66 @@ def learn(world: World, n_b: int, reps: int, rng: np.random.Generator,
     return Learned(np.array([d.lam for d in dets]), np.array([d.m0 for d in dets]),
                    dets[0].h, lo, hi, (world.mean() - lo) / (hi - lo),
                    (base >= (lo + hi) / 2).sum(axis=1).astype(np.int64), sums)
+
+
+def learn_calibrated(world: World, n_b: int, reps: int, rng: np.random.Generator,
+                     seed: int, arl0: float = ARL0) -> Learned:
+    """As :func:`learn`, with the threshold the monitor now runs: per baseline,
+    ``bootstrap.score_threshold`` (``CAL_REPS`` bootstrap baselines, the same confidence
+    for ``m0`` and for the quantile, its own rng seeded by ``[seed, i]``) passed to the
+    detector as ``h``."""
+    base = world.sample(rng, (reps, n_b))
+    sums = [ScoreSummary.from_scores(row) for row in base]
+    dets = [ScoreDropCUSUM(s, shift=SHIFT, arl0=arl0, confidence=CONFIDENCE,
+                           h=score_threshold(s, SHIFT, arl0, CONFIDENCE, CAL_REPS,
+                                             np.random.default_rng([seed, i])))
+            for i, s in enumerate(sums)]
+    lo, hi = world.scale
+    return Learned(np.array([d.lam for d in dets]), np.array([d.m0 for d in dets]),
+                   np.array([d.h for d in dets]), lo, hi, (world.mean() - lo) / (hi - lo),
+                   (base >= (lo + hi) / 2).sum(axis=1).astype(np.int64), sums)
+
+
+# -- exact run lengths ----------------------------------------------------------------------
+def _lattice_arl(ys: F64, ps: F64, lam: float, m0: float, h: float, n: int) -> float:
+    """Zero-start ARL of ``W = max(0, W + log(1 + lam (m0 - y)))``, alarm at ``W >= h``,
+    for y ~ (ys, ps): the Markov chain on the lattice ``i h / n`` (i < n), each increment
+    split between its two neighbouring lattice steps with the probabilities that keep its
+    mean (no drift error; the error left is O(1/n), removed by :func:`exact_arl`'s
+    extrapolation). The transition matrix is Toeplitz but for its first column (the
+    reflection at 0): two Levinson solves and a Sherman-Morrison correction."""
+    width = h / n
+    x = np.log1p(lam * (m0 - ys)) / width
+    f = np.clip(np.floor(x), -n - 1, n)
+    r = np.clip(x - f, 0.0, 1.0)
+    g = np.zeros(2 * n + 3)  # g[d + n + 1] = P(step = d), d in -n-1 .. n+1
+    idx = f.astype(np.int64) + n + 1
+    np.add.at(g, idx, ps * (1 - r))
+    np.add.at(g, idx + 1, ps * r)
+    i = np.arange(n)
+    col = -g[n + 1 - i]  # (I - T)[i, 0] = -P(step = -i)
+    row = -g[n + 1 + i]  # (I - T)[0, j] = -P(step = j)
+    col[0] += 1.0
+    row[0] += 1.0
+    below = np.cumsum(g)[n - i]  # P(step < -i): the mass the reflection adds to column 0
+    one = linalg.solve_toeplitz((col, row), np.ones(n))
+    u = linalg.solve_toeplitz((col, row), below)
+    return float(one[0] + u[0] * one[0] / (1.0 - u[0]))
+
+
+def exact_arl(world: World, learned: Learned, changed: bool = False,
+              n: int = LATTICE) -> F64:
+    """Per column, the zero-start run length of its detector under the world's exact law
+    (in control: the ARL0 with restarts; ``changed``: the zero-start delay): Richardson
+    extrapolation of :func:`_lattice_arl` at ``n`` and ``n / 2`` (checked against
+    simulation in :func:`test_exact_arl_is_the_simulated_one`)."""
+    ys, ps = world.law(changed)
+    hs = np.broadcast_to(np.asarray(learned.h, dtype=float), learned.lam.shape)
+    out = np.empty(learned.lam.size)
+    for k, (lam, m0, h) in enumerate(zip(learned.lam, learned.m0, hs, strict=True)):
+        fine = _lattice_arl(ys, ps, lam, m0, h, n)
+        out[k] = 2 * fine - _lattice_arl(ys, ps, lam, m0, h, n // 2)
+    return out
 
 
 def coverage_misses(world: World, n_b: int, reps: int, rng: np.random.Generator,
@@ -375,13 +474,52 @@ def oracle_delay(name: str, prefix: int, reps: int, rng: np.random.Generator,
 
 
 # -- measurements shared by the tests and the benchmark ------------------------------------
+def _ratio(e: Delays, o: Delays) -> tuple[float, float]:
+    """(mean delay of ``e`` / that of ``o``, its Monte Carlo standard error)."""
+    r = e.mean / o.mean
+    return r, r * math.hypot(e.se / e.mean, o.se / o.mean)
+
+
 @dataclass(frozen=True)
 class Sizes:
     coverage: int = 20_000  # baselines for the coverage of m0 (vectorised, no streams)
-    baselines: int = 600  # in-control baselines ...
+    baselines: int = 400  # in-control baselines ...
     streams: int = 5  # ... with this many streams of HORIZON scores each
-    delays: int = 600  # delay repetitions, each with its own baseline
+    delays: int = 500  # delay repetitions, each with its own baseline
     oracle: int = 4_000
+    #: calibrated baselines per n_b (each costs one score_threshold, ~0.05 s)
+    calibrated: tuple[tuple[int, int], ...] = ((200, 200), (1_000, 300))
+    #: delay repetitions (zero start and steady state) per calibrated baseline
+    calibrated_delays: int = 2
+
+    def n_calibrated(self, n_b: int) -> int:
+        return dict(self.calibrated)[n_b]
+
+
+@dataclass
+class Calibrated:
+    """The calibrated detector of one world and n_b: its baselines, their exact ARL0s, a
+    simulated stream per baseline (the check of the exact figures) and the delays."""
+
+    learned: Learned
+    arl0: F64  # exact in-control ARL per baseline (exact_arl)
+    incontrol: InControl  # one stream of HORIZON scores per baseline
+    delay0: Delays
+    steady: Delays
+
+    @property
+    def below(self) -> int:
+        """Baselines whose ARL0 is below the target."""
+        return int((self.arl0 < ARL0).sum())
+
+    @property
+    def share_below(self) -> float:
+        return self.below / self.arl0.size
+
+    def predicted_onsets(self) -> float:
+        """Alarms the exact ARL0s predict in the simulated streams (renewal: horizon /
+        ARL per stream)."""
+        return float((self.incontrol.horizon / self.arl0).sum())
 
 
 @dataclass
@@ -397,19 +535,39 @@ class Case:
     steady: Delays
     oracle0: Delays
     oracle_steady: Delays
+    cal: Calibrated | None = None
 
     @property
     def miss_rate(self) -> float:
         return self.coverage_misses / self.coverage_reps
 
     def ratio(self, steady: bool) -> tuple[float, float]:
-        """(e-CUSUM / oracle mean delay, its Monte Carlo standard error)."""
-        e, o = (self.steady, self.oracle_steady) if steady else (self.delay0, self.oracle0)
-        r = e.mean / o.mean
-        return r, r * math.hypot(e.se / e.mean, o.se / o.mean)
+        """(Lorden e-CUSUM / oracle mean delay, its Monte Carlo standard error)."""
+        if steady:
+            return _ratio(self.steady, self.oracle_steady)
+        return _ratio(self.delay0, self.oracle0)
+
+    def cal_ratio(self, steady: bool) -> tuple[float, float]:
+        """The same for the calibrated e-CUSUM (same oracle, at the target arl0)."""
+        assert self.cal is not None
+        if steady:
+            return _ratio(self.cal.steady, self.oracle_steady)
+        return _ratio(self.cal.delay0, self.oracle0)
 
 
-def measure_case(name: str, n_b: int, sizes: Sizes = Sizes(), seed: int = SEED) -> Case:
+def measure_calibrated(world: World, n_b: int, baselines: int, delays: int,
+                       rng: np.random.Generator, seed: int) -> Calibrated:
+    det = learn_calibrated(world, n_b, baselines, rng, seed)
+    arl = exact_arl(world, det)
+    inc = run_incontrol(world, det.increments, det.h, baselines, HORIZON, 1, rng)
+    cols = det.repeat(delays)
+    delay0 = run_delays(world, cols.increments, cols.h, cols.lam.size, 0, rng)
+    steady = run_delays(world, cols.increments, cols.h, cols.lam.size, PREFIX, rng)
+    return Calibrated(det, arl, inc, delay0, steady)
+
+
+def measure_case(name: str, n_b: int, sizes: Sizes = Sizes(), seed: int = SEED,
+                 calibrated: bool = True) -> Case:
     world = WORLDS[name]
     rng = np.random.default_rng([seed, n_b, sum(map(ord, name))])
     misses = coverage_misses(world, n_b, sizes.coverage, rng)
@@ -420,9 +578,24 @@ def measure_case(name: str, n_b: int, sizes: Sizes = Sizes(), seed: int = SEED) 
     d_det = learn(world, n_b, sizes.delays, rng)
     delay0 = run_delays(world, d_det.increments, d_det.h, sizes.delays, 0, rng)
     steady = run_delays(world, d_det.increments, d_det.h, sizes.delays, PREFIX, rng)
+    cal = measure_calibrated(world, n_b, sizes.n_calibrated(n_b), sizes.calibrated_delays,
+                             rng, seed + 1) if calibrated else None
     return Case(name, n_b, sizes.coverage, misses, det, inc, d_det, delay0, steady,
                 oracle_delay(name, 0, sizes.oracle, rng),
-                oracle_delay(name, PREFIX, sizes.oracle, rng))
+                oracle_delay(name, PREFIX, sizes.oracle, rng), cal)
+
+
+def _case_task(task: tuple[str, int, Sizes, int]) -> Case:
+    return measure_case(*task)
+
+
+def measure_cases(keys: list[tuple[str, int]], sizes: Sizes = Sizes(), seed: int = SEED,
+                  workers: int | None = None) -> dict[tuple[str, int], Case]:
+    """:func:`measure_case` for each key, spread over ``workers`` processes (fork; default
+    :func:`measure.default_workers`, at most 2)."""
+    tasks = [(name, n_b, sizes, seed) for name, n_b in keys]
+    out = _map(_case_task, tasks, default_workers() if workers is None else workers)
+    return dict(zip(keys, out, strict=True))
 
 
 KEYS = [(name, n_b) for name in WORLDS for n_b in SIZES]
@@ -430,7 +603,7 @@ KEYS = [(name, n_b) for name in WORLDS for n_b in SIZES]
 
 @pytest.fixture(scope="module")
 def cases() -> dict[tuple[str, int], Case]:
-    return {key: measure_case(*key) for key in KEYS}
+    return measure_cases(KEYS)
 
 
 # -- the worlds are what they claim ---------------------------------------------------------
@@ -479,7 +652,7 @@ def _binom_limit(reps: int, p: float) -> float:
 # Measured with this seed (20,000 baselines; the 0.999 binomial limit is 0.0548). The normal
 # bound undercovers on negatively skewed scores (a high sample mean comes with a small sample
 # variance); the ARL0 claim itself still holds (test_arl0_claim_at_the_stated_confidence:
-# at most 1 baseline in 600 below arl0, the Ville slack absorbs it).
+# no baseline of 400 below arl0, the Ville slack absorbs it).
 COVERAGE_XFAIL: dict[tuple[str, int], str] = {
     ("lumpy", 200): "P(m0 > true mean) measured 0.0559 (stated 0.05) at n_b = 200",
     ("lumpy", 1_000): "P(m0 > true mean) measured 0.0561 (stated 0.05) at n_b = 1,000",
@@ -536,14 +709,14 @@ RATIO_TARGET = 2.0
 # e-CUSUM's ARL0 is 13-230x the target), the lower bound m0 eating part of the drop, the
 # linear bet against the LLR, and for the lumpy world a bet tuned to an alternative that
 # moves the 1.0 lump to 0.9 (analyzers/detectors/score.py ``best_lambda``).
-_MEASURED = {("lumpy", 200): ((4.47, 0.24), (5.21, 0.30)),
-             ("lumpy", 1_000): ((3.09, 0.12), (3.22, 0.12)),
-             ("ordinal", 200): ((8.40, 1.26), (9.57, 1.42)),
-             ("ordinal", 1_000): ((3.54, 0.11), (3.77, 0.12)),
-             ("binary", 200): ((35.4, 3.3), (40.3, 3.9)),
-             ("binary", 1_000): ((4.54, 0.16), (5.10, 0.20)),
+_MEASURED = {("lumpy", 200): ((4.93, 0.20), (5.22, 0.21)),
+             ("lumpy", 1_000): ((3.18, 0.07), (3.25, 0.09)),
+             ("ordinal", 200): ((9.70, 0.85), (9.59, 0.80)),
+             ("ordinal", 1_000): ((4.50, 0.09), (4.83, 0.11)),
+             ("binary", 200): ((35.7, 3.7), (40.4, 4.2)),
+             ("binary", 1_000): ((5.47, 0.18), (5.83, 0.22)),
              ("smooth", 200): ((2.92, 0.04), (2.92, 0.05)),
-             ("smooth", 1_000): ((2.60, 0.03), (2.58, 0.04))}
+             ("smooth", 1_000): ((2.63, 0.03), (2.60, 0.04))}
 RATIO_XFAIL: dict[tuple[str, int, bool], str] = {
     (name, n_b, steady): f"delay measured {r:.2f} +- {se:.2f} x the oracle "
                          f"({'steady state' if steady else 'zero start'}, n_b = {n_b})"
@@ -572,11 +745,9 @@ def test_delay_within_twice_the_oracle(cases: dict[tuple[str, int], Case], name:
 
 
 UNDETECTED_XFAIL = {
-    ("binary", 200): "25 (zero start) and 24 (steady state) of 600 repetitions without an "
+    ("binary", 200): "23 (zero start) and 21 (steady state) of 500 repetitions without an "
     "alarm 20,000 scores after the drop: at n_b = 200 the bound m0 sits 0.043 below the "
     "baseline mean, and baselines that estimate low put m0 at or under the changed mean 0.70",
-    ("ordinal", 200): "1 of 600 repetitions (both starts) without an alarm 20,000 scores "
-    "after the drop (a baseline estimating low: m0 near the changed mean)",
 }
 
 
@@ -601,3 +772,146 @@ def test_steady_state_is_no_slower_than_a_fresh_start(
         assert diff <= 4 * math.hypot(c.steady.se, c.delay0.se), (key, diff)
         n = c.steady.dropped + c.steady.delays.size
         assert c.steady.dropped <= _binom_limit(n, c.miss_rate + PREFIX / ARL0), key
+
+
+# -- the calibrated threshold (what the monitor runs) ---------------------------------------
+def test_lattice_arl_solves_the_chain() -> None:
+    """The Toeplitz + Sherman-Morrison solve is the dense solve of the same chain."""
+    rng = np.random.default_rng(3)
+    ys, ps = rng.random(7), rng.dirichlet(np.ones(7))
+    lam, m0, h, n = 1.7, float(ys @ ps) - 0.03, 1.3, 40
+    width = h / n
+    x = np.log1p(lam * (m0 - ys)) / width
+    f = np.floor(x)
+    q = np.zeros((n, n))
+    for i in range(n):
+        for d, p in [*zip(f, ps * (1 - (x - f)), strict=True),
+                     *zip(f + 1, ps * (x - f), strict=True)]:
+            j = i + int(d)
+            if j < n:
+                q[i, max(j, 0)] += p
+    dense = float(np.linalg.solve(np.eye(n) - q, np.ones(n))[0])
+    assert _lattice_arl(ys, ps, lam, m0, h, n) == pytest.approx(dense, rel=1e-9)
+
+
+def _cal(cases: dict[tuple[str, int], Case], name: str, n_b: int) -> Calibrated:
+    cal = cases[(name, n_b)].cal
+    assert cal is not None
+    return cal
+
+
+@pytest.mark.parametrize("name, n_b", KEYS)
+def test_calibrated_thresholds_are_below_lorden(cases: dict[tuple[str, int], Case],
+                                                name: str, n_b: int) -> None:
+    h = np.asarray(_cal(cases, name, n_b).learned.h)
+    assert np.all(h <= math.log(ARL0)) and np.all(h > 0)
+
+
+@pytest.mark.parametrize("name, n_b", KEYS)
+def test_exact_arl_is_the_simulated_one(cases: dict[tuple[str, int], Case], name: str,
+                                        n_b: int) -> None:
+    """The exact ARL0s predict the alarms of one simulated stream per baseline (HORIZON
+    scores, restarted at alarms): within 4 Poisson standard deviations of the total."""
+    cal = _cal(cases, name, n_b)
+    predicted, observed = cal.predicted_onsets(), int(cal.incontrol.onsets.sum())
+    assert abs(observed - predicted) <= 4 * math.sqrt(predicted), (observed, predicted)
+
+
+# Measured with this seed: baselines (of the case's) whose exact ARL0 is below the target.
+CAL_CLAIM_XFAIL: dict[tuple[str, int], str] = {}
+
+
+@pytest.mark.parametrize("name, n_b", [
+    pytest.param(*k, marks=[pytest.mark.xfail(reason=CAL_CLAIM_XFAIL[k], strict=True)]
+                 if k in CAL_CLAIM_XFAIL else []) for k in KEYS])
+def test_calibrated_arl0_claim_at_the_stated_confidence(cases: dict[tuple[str, int], Case],
+                                                        name: str, n_b: int) -> None:
+    """The calibration's claim: P(ARL0 of the detector learned on a baseline < arl0) <=
+    1 - confidence over the baseline's sampling; the exact ARL0 per baseline, binomial
+    0.999 quantile as the Monte Carlo margin."""
+    cal = _cal(cases, name, n_b)
+    b = cal.arl0.size
+    assert cal.below <= _binom_limit(b, 1 - CONFIDENCE), (cal.below, b,
+                                                          _binom_limit(b, 1 - CONFIDENCE))
+
+
+CAL_POOLED_XFAIL: dict[int, str] = {
+    1_000: "n_b = 1,000: 96 of 1,200 baselines (0.080; lumpy 26/300, ordinal 21/300, "
+    "binary 21/300, smooth 28/300) have an exact ARL0 below the target 500, stated at most "
+    "0.05 (0.999 binomial limit 85). The 0.95 quantile of 40 bootstrap thresholds covers "
+    "0.928 on average, and Siegmund's approximation overstates these ARLs by 3-5 %: with "
+    "400 bootstrap baselines the share measured 0.045 (lumpy, 400 baselines)",
+}
+
+
+@pytest.mark.parametrize("n_b", [
+    pytest.param(n, marks=[pytest.mark.xfail(reason=CAL_POOLED_XFAIL[n], strict=True)]
+                 if n in CAL_POOLED_XFAIL else []) for n in SIZES])
+def test_calibrated_arl0_claim_pooled_over_worlds(cases: dict[tuple[str, int], Case],
+                                                  n_b: int) -> None:
+    """The same claim, pooled over the four worlds (each share <= 1 - confidence implies
+    their mean is): four times the baselines, the power to see a share of 0.08."""
+    below = sum(_cal(cases, name, n_b).below for name in WORLDS)
+    b = sum(_cal(cases, name, n_b).arl0.size for name in WORLDS)
+    assert below <= _binom_limit(b, 1 - CONFIDENCE), (below, b,
+                                                      _binom_limit(b, 1 - CONFIDENCE))
+
+
+# Measured with this seed (calibrated e-CUSUM / oracle at the target arl0, +- 1 Monte Carlo
+# se); the cases with a measured ratio above 2.
+_CAL_MEASURED: dict[tuple[str, int], tuple[tuple[float, float], tuple[float, float]]] = {
+    ("ordinal", 200): ((2.59, 0.11), (2.89, 0.14)),
+    ("binary", 200): ((3.95, 0.56), (6.2, 1.5)),
+}
+CAL_RATIO_XFAIL: dict[tuple[str, int, bool], str] = {
+    (name, n_b, steady): f"calibrated: delay measured {r:.2f} +- {se:.2f} x the oracle "
+                         f"({'steady state' if steady else 'zero start'}, n_b = {n_b})"
+    for (name, n_b), pair in _CAL_MEASURED.items()
+    for steady, (r, se) in zip((False, True), pair, strict=True)}
+
+
+def _cal_delay_params() -> list[object]:
+    out: list[object] = []
+    for name, n_b in KEYS:
+        for steady in (False, True):
+            reason = CAL_RATIO_XFAIL.get((name, n_b, steady))
+            out.append(pytest.param(
+                name, n_b, steady,
+                marks=[pytest.mark.xfail(reason=reason, strict=False)] if reason else [],
+                id=f"{name}-{n_b}-{'steady' if steady else 'zero'}"))
+    return out
+
+
+@pytest.mark.parametrize("name, n_b, steady", _cal_delay_params())
+def test_calibrated_delay_within_twice_the_oracle(cases: dict[tuple[str, int], Case],
+                                                  name: str, n_b: int, steady: bool) -> None:
+    r, se = cases[(name, n_b)].cal_ratio(steady)
+    assert r - 3 * se <= RATIO_TARGET, (round(r, 2), round(se, 2))
+
+
+CAL_UNDETECTED_XFAIL: dict[tuple[str, int], str] = {
+    ("binary", 200): "calibrated: 0 (zero start) and 1 (steady state) of 400 repetitions "
+    "without an alarm 20,000 scores after the drop (m0 at or under the changed mean 0.70)",
+}
+
+
+@pytest.mark.parametrize("name, n_b", [
+    pytest.param(*k, marks=[pytest.mark.xfail(reason=CAL_UNDETECTED_XFAIL[k], strict=False)]
+                 if k in CAL_UNDETECTED_XFAIL else []) for k in KEYS])
+def test_calibrated_every_drop_is_detected(cases: dict[tuple[str, int], Case], name: str,
+                                           n_b: int) -> None:
+    cal = _cal(cases, name, n_b)
+    assert cal.delay0.censored == 0 and cal.steady.censored == 0, (cal.delay0.censored,
+                                                                   cal.steady.censored)
+
+
+def test_calibrated_is_faster_than_lorden(cases: dict[tuple[str, int], Case]) -> None:
+    """A lower threshold, the same bet: the calibrated detector's mean delay is below the
+    Lorden one's in every world (beyond 3 Monte Carlo standard errors of the difference),
+    and its steady state no slower than its fresh start (4 standard errors)."""
+    for key, c in cases.items():
+        assert c.cal is not None
+        for e, lorden in ((c.cal.delay0, c.delay0), (c.cal.steady, c.steady)):
+            assert lorden.mean - e.mean > 3 * math.hypot(e.se, lorden.se), key
+        diff = c.cal.steady.mean - c.cal.delay0.mean
+        assert diff <= 4 * math.hypot(c.cal.steady.se, c.cal.delay0.se), (key, diff)
