@@ -46,6 +46,10 @@ MAX_PROCESSED = 200_000
 #: buffered meanwhile) per 0.2 s poll: at most a fifth of the pipeline thread.
 CALIBRATION_APPLY_SECONDS = 0.04
 
+#: Seconds a graceful stop waits for the calibrations under way (what is not done by then
+#: stays in the checkpoint and is calibrated again at the next start).
+STOP_CALIBRATION_WAIT_S = 60.0
+
 _Item = tuple[Position, Position, list[SpanRecord]]
 
 
@@ -162,7 +166,16 @@ class Pipeline:
             if flush:
                 self._process_runs(self.assembler.flush())
             self._prune()
-        self._apply_calibrations(None)
+        if drain:
+            # a graceful stop finishes the calibrations under way, so the runs they buffer
+            # reach the detectors (and their alarms the event log) before the checkpoint
+            try:
+                with self.lock:
+                    self.engine.wait_calibrations(timeout=STOP_CALIBRATION_WAIT_S)
+            except Exception:
+                logger.exception("finishing calibrations at stop failed")
+        else:
+            self._apply_calibrations(None)
 
     def _loop(self) -> None:
         last_poll = 0.0
