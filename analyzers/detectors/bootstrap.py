@@ -348,6 +348,9 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
 #: swung from 5.6 to 10.0 nats between seeds on one baseline (within 6.9-8.3 with 400);
 #: a draw costs ~2.5 ms, so 300 cost under a second per evaluator, in the worker.
 SCORE_REPS = 300
+#: Siegmund's approximation overstates these detectors' ARL by 3-5% (measured against an
+#: exact Markov chain on lumpy and smooth scores): the target is raised by this factor.
+SCORE_ARL_MARGIN = 1.1
 
 
 def score_threshold(summary: ScoreSummary, shift: float, arl0: float, confidence: float,
@@ -367,7 +370,8 @@ def score_threshold(summary: ScoreSummary, shift: float, arl0: float, confidence
         return lorden
     w = summary.hi - summary.lo
     counts = rng.multinomial(summary.n, ps, size=reps).astype(np.float64)
-    hs = np.full(reps, np.inf)
+    xs = np.zeros((reps, ys.size))
+    usable = np.zeros(reps, dtype=bool)
     for b, c in enumerate(counts):
         q = c / c.sum()
         m = float((q * ys).sum())
@@ -379,11 +383,17 @@ def score_threshold(summary: ScoreSummary, shift: float, arl0: float, confidence
         m0 = boot.mean_lower(confidence)
         if m0 <= 0.0:
             continue
-        lam = best_lambda(boot, m0, shift)
-        x = np.log1p(lam * (m0 - ys))[None, :]
-        theta, mu, sd = _adjustment(x, ps[None, :])
-        if not (mu[0] < 0 and theta[0] > 0):
-            continue  # drifts up in control: no finite threshold keeps arl0
-        hs[b] = float(_chart_h(math.log(arl0), theta, mu, sd, 0.0)[0])
-    h = float(np.quantile(hs, confidence))
+        xs[b] = np.log1p(best_lambda(boot, m0, shift) * (m0 - ys))
+        usable[b] = True
+    hs = np.full(reps, np.inf)
+    if usable.any():
+        theta, mu, sd = _adjustment(xs[usable], np.broadcast_to(ps, xs[usable].shape))
+        ok = (mu < 0) & (theta > 0)  # else it drifts up in control: no finite threshold
+        h_ok = _chart_h(math.log(arl0 * SCORE_ARL_MARGIN), theta[ok], mu[ok], sd[ok], 0.0)
+        idx = np.flatnonzero(usable)[ok]
+        hs[idx] = h_ok
+    # a conservative order statistic: the ceil(confidence (B + 1))-th smallest, which
+    # covers the quantile at least `confidence` of the time (np.quantile of 40 covered 0.93)
+    k = min(reps, int(math.ceil(confidence * (reps + 1)))) - 1
+    h = float(np.sort(hs)[k])
     return min(h, lorden) if math.isfinite(h) else lorden

@@ -835,13 +835,7 @@ def test_calibrated_arl0_claim_at_the_stated_confidence(cases: dict[tuple[str, i
                                                           _binom_limit(b, 1 - CONFIDENCE))
 
 
-CAL_POOLED_XFAIL: dict[int, str] = {
-    1_000: "n_b = 1,000: 96 of 1,200 baselines (0.080; lumpy 26/300, ordinal 21/300, "
-    "binary 21/300, smooth 28/300) have an exact ARL0 below the target 500, stated at most "
-    "0.05 (0.999 binomial limit 85). The 0.95 quantile of 40 bootstrap thresholds covers "
-    "0.928 on average, and Siegmund's approximation overstates these ARLs by 3-5 %: with "
-    "400 bootstrap baselines the share measured 0.045 (lumpy, 400 baselines)",
-}
+CAL_POOLED_XFAIL: dict[int, str] = {}
 
 
 @pytest.mark.parametrize("n_b", [
