@@ -114,8 +114,9 @@ class EvaluationsConfig:
     join_window_seconds: float = _opt(
         600.0, "How long after its run closed an evaluation (OTLP log event "
         "gen_ai.evaluation.result) still joins it; also how long an evaluation that arrives "
-        "before its trace waits for it. Later ones are counted (assaywatch_evaluation_joins_"
-        "total, outcome unmatched).")
+        "before its trace waits for it, and how long a run not judged on the trace waits "
+        "for a late pass/fail verdict once its stream has received one. Later evaluations "
+        "are counted (assaywatch_evaluation_joins_total, outcome unmatched).")
     max_closed_runs: int = _opt(
         100_000, "Closed traces remembered for late evaluations (a digest of a few hundred "
         "bytes each: run ids, stream, span ids); above it the oldest is forgotten (counted, "

@@ -95,8 +95,13 @@ from assaywatch.monitor.engine.streams import (
     split_alarm_name,
 )
 from assaywatch.monitor.pipeline.join import LateEvaluation
+from assaywatch.monitor.pipeline.outcome import DEFAULT_SCORE_THRESHOLD, judge_evaluation
+from assaywatch.monitor.pipeline.runs import REASON_KEY
 
 logger = logging.getLogger(__name__)
+
+#: Runs held per stream for a late verdict at most (the oldest is released beyond).
+MAX_HELD = 20_000
 
 class Engine:
     """Feed runs with :meth:`process`; read state with :meth:`streams`.
@@ -122,6 +127,11 @@ class Engine:
     score_shift:
         ``evaluations.min_drop``: the drop of an evaluator's mean score, as a fraction of
         its scale, the score detectors are tuned for.
+    score_threshold, verdict_window_s:
+        Late pass/fail verdicts (``evaluation_threshold``, ``evaluations.
+        join_window_seconds``): once a stream has received one, its runs that were not
+        judged on the trace wait for their verdict that long (by the runs' end times), then
+        count with their outcome at close.
     """
 
     def __init__(
@@ -134,10 +144,16 @@ class Engine:
         calibrator: CalibrationWorker | None = None,
         calibration_buffer_runs: int = 20_000,
         score_shift: float = 0.1,
+        score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+        verdict_window_s: float = 600.0,
     ) -> None:
         self.config = config or DetectorConfig()
         #: drop of an evaluator's mean, as a fraction of its scale, its detector is tuned for
         self.score_shift = score_shift
+        #: a late evaluation's pass/fail: its score at or above this passes (as at close)
+        self.score_threshold = score_threshold
+        #: how long a run not judged at close waits for a late verdict (data time)
+        self.verdict_window_s = verdict_window_s
         self._samples = dict(baseline_samples or {})
         #: calibrated thresholds by their inputs (a new version reuses its predecessor's)
         self._thresholds = ThresholdCache()
@@ -233,6 +249,15 @@ class Engine:
             self.dropped["evaluation_of_learning_run"] += len(late.scores)
             return []
         events: list[AlarmEvent] = []
+        verdict = judge_evaluation(late.evaluation, self.score_threshold)
+        if verdict is not Outcome.UNKNOWN and base is not None and not st.calibrating:
+            # the pass/fail outcome from a late judge: from now on the stream's runs not
+            # judged on the trace wait for it (``held``)
+            st.late_verdicts = True
+            held = st.held.pop(late.run_id, None)
+            if held is not None:
+                events.extend(self._raise(st, self._outcome(st, verdict), late.run_id,
+                                          held[1], None))
         for name, score in late.scores.items():
             if not self._count_score(st, name, score):
                 continue
@@ -527,6 +552,42 @@ class Engine:
                                       tool_source=base.tool_inventory_source)
         self._build_score_detectors(st, base)
 
+    def _outcome(self, st: StreamState, outcome: Outcome) -> list[tuple[str, dict[str, Any]]]:
+        """Feed a run's pass/fail outcome to the pass-rate tests; the firing, if any."""
+        if outcome is Outcome.UNKNOWN:
+            return []
+        passed = outcome is Outcome.PASS
+        st.recent_outcomes.append(passed)
+        sprt = st.detectors.get("sprt")
+        if sprt is not None:
+            sprt.update(passed)
+            if sprt.decision is not None:
+                # a verdict, not an alarm (module docstring: one budget per stream)
+                st.sprt_verdict = sprt.decision
+                st.detectors["sprt"] = self._new_sprt(st)
+        cusum = st.detectors.get("cusum_pass_rate")
+        if cusum is not None:
+            cusum.update(passed)
+            if cusum.drift_detected:
+                return [("cusum_pass_rate", cusum.evidence())]
+        return []
+
+    def _release_held(self, st: StreamState, now_ns: int
+                      ) -> list[tuple[str, dict[str, Any]]]:
+        """Runs whose late verdict did not come within the join window (by the runs' own
+        clock: the end of the latest run), or beyond :data:`MAX_HELD`: their outcome at
+        close goes to the pass-rate tests."""
+        fired: list[tuple[str, dict[str, Any]]] = []
+        window_ns = int(self.verdict_window_s * 1e9)
+        while st.held:
+            run_id, (outcome, end_ns) = next(iter(st.held.items()))
+            if len(st.held) <= MAX_HELD and now_ns - end_ns < window_ns:
+                break
+            del st.held[run_id]
+            self.dropped["late_verdict_missed"] += 1
+            fired.extend(self._outcome(st, outcome))
+        return fired
+
     def _build_score_detectors(self, st: StreamState, base: Baseline) -> None:
         """One score detector per evaluator of the baseline, each with an equal part of
         the ``evaluation`` share of the budget (``detectors/score.py``)."""
@@ -626,22 +687,13 @@ class Engine:
         fp = fingerprint(run, base.tools)
         if st.coverage is not None:
             st.coverage.add(run)
-        decided = run.outcome is not Outcome.UNKNOWN
-        passed = run.outcome is Outcome.PASS
-        if decided:
-            st.recent_outcomes.append(passed)
-            sprt = st.detectors.get("sprt")
-            if sprt is not None:
-                sprt.update(passed)
-                if sprt.decision is not None:
-                    # a verdict, not an alarm (module docstring: one budget per stream)
-                    st.sprt_verdict = sprt.decision
-                    st.detectors["sprt"] = self._new_sprt(st)
-            cusum = st.detectors.get("cusum_pass_rate")
-            if cusum is not None:
-                cusum.update(passed)
-                if cusum.drift_detected:
-                    fired.append(("cusum_pass_rate", cusum.evidence()))
+        judged = str(run.attributes.get(REASON_KEY, "")).startswith("evaluation")
+        if st.late_verdicts and not judged:
+            # the stream's judge answers after the run closes: wait for its verdict
+            st.held[run.run_id] = (run.outcome, run.end_ns)
+        else:
+            fired.extend(self._outcome(st, run.outcome))
+        fired.extend(self._release_held(st, run.end_ns))
         st.recent_fps.append(fp)
         fpc = st.detectors.get("cusum_fingerprint")
         if fpc is not None:

@@ -7,7 +7,7 @@ as written to the event log.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -16,7 +16,7 @@ import numpy as np
 from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
 from assaywatch.analyzers.coverage import CoverageTracker
 from assaywatch.analyzers.detectors.bootstrap import Thresholds
-from assaywatch.analyzers.model import Run, StreamKey, Verdict
+from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.engine.calibration import CalibrationJob
 
@@ -136,6 +136,11 @@ class StreamState:
     #: while calibrating: (run, stream run number) in arrival order, fed to the detectors
     #: when the thresholds arrive
     pending_runs: deque[tuple[Run, int]] = field(default_factory=deque)
+    #: a late evaluation carried a pass/fail verdict: runs not judged on the trace wait
+    late_verdicts: bool = False
+    #: runs waiting for their late verdict: run id -> (outcome at close, end time), in
+    #: close order
+    held: OrderedDict[str, tuple[Outcome, int]] = field(default_factory=OrderedDict)
     #: evaluator name -> its signal (at most ``MAX_EVALUATORS``)
     evaluators: dict[str, EvaluatorState] = field(default_factory=dict)
     #: while calibrating: late scores (evaluator, score, run id, time) fed after the runs

@@ -26,7 +26,9 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
     result = ReplayResult()
     engine = Engine(cfg.detectors, baselines, on_alarm=result.alarms.append,
                     max_streams=cfg.limits.max_streams,
-                    score_shift=cfg.evaluations.min_drop)
+                    score_shift=cfg.evaluations.min_drop,
+                    score_threshold=cfg.evaluation_threshold,
+                    verdict_window_s=cfg.evaluations.join_window_seconds)
     rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None
     for run in iter_runs(paths, strict=strict, rules=rules,
                          score_threshold=cfg.evaluation_threshold, stats=result.stats,

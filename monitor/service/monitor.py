@@ -88,7 +88,9 @@ class Monitor:
         self.engine = Engine(config.detectors, baselines or [], on_alarm=self._on_alarm,
                              max_streams=config.limits.max_streams,
                              calibrator=self.calibrator,
-                             score_shift=config.evaluations.min_drop)
+                             score_shift=config.evaluations.min_drop,
+                             score_threshold=config.evaluation_threshold,
+                             verdict_window_s=config.evaluations.join_window_seconds)
         self.pipeline = Pipeline(config, self.engine, self.counters, wal=self.wal)
         self.ready = threading.Event()
         self.addresses: dict[str, str] = {}

@@ -327,3 +327,41 @@ def test_late_evaluations_nobody_takes_are_bounded_and_counted(monkeypatch) -> N
     asm.add([_eval(_root(r)) for r in runs])
     assert len(asm.take_evaluations()) == 2
     assert asm.join.counts["late_not_taken"] == 1 and asm.join.counts["late"] == 3
+
+
+def test_late_verdicts_reach_the_pass_rate_tests_and_missing_ones_time_out() -> None:
+    """A judge that answers after the run closes decides its pass/fail too: once a stream
+    has received one late verdict, its runs not judged on the trace wait for theirs (up to
+    the join window, by the runs' end times) before the pass-rate tests count them."""
+    rng = random.Random(13)
+    eng = Engine(DetectorConfig(learn_runs=300, arl0=2_000.0), verdict_window_s=60.0)
+    for r in _runs(300, rng):
+        eng.process(r)  # outcome PASS at close (no evaluation on the trace)
+    st = eng.stream(KEY)
+    assert st is not None and st.baseline is not None and not st.late_verdicts
+    first = _runs(1, rng, start=1_000)[0]
+    eng.process(first)  # counted at close: the stream has no late judge yet
+    eng.process_evaluation(LateEvaluation(first.run_id, KEY, Evaluation(label="fail"), {},
+                                          first.start_ns))
+    assert st.late_verdicts and not st.held and len(st.recent_outcomes) == 1
+    fired: list = []
+    for i in range(400):
+        r = _runs(1, rng, start=2_000 + i)[0]
+        eng.process(r)
+        assert r.run_id in st.held  # waits for its verdict
+        verdict = "fail" if rng.random() < 0.5 else "pass"
+        fired += eng.process_evaluation(LateEvaluation(r.run_id, KEY, Evaluation(
+            label=verdict), {}, r.start_ns))
+        assert r.run_id not in st.held
+        if any(a.detector == "cusum_pass_rate" for a in fired):
+            break
+    # outcomes PASS at close, half of them FAIL by the judge: the pass-rate CUSUM alarms
+    assert any(a.detector == "cusum_pass_rate" for a in fired)
+    assert 0.3 < 1 - sum(st.recent_outcomes) / len(st.recent_outcomes) < 0.7
+    quiet = _runs(1, rng, start=10_000)[0]
+    eng.process(quiet)
+    assert quiet.run_id in st.held
+    later = _runs(1, rng, start=10_061)[0]  # 61 s later: past the 60 s window
+    eng.process(later)
+    assert quiet.run_id not in st.held and later.run_id in st.held
+    assert eng.dropped["late_verdict_missed"] == 1
