@@ -62,7 +62,11 @@ from numpy.typing import NDArray
 from scipy import stats
 from scipy.special import logsumexp
 
-from assaywatch.analyzers.detectors.score import HIST_LEVELS, ScoreSummary, drop_alternatives
+from assaywatch.analyzers.detectors.score import (
+    ScoreSummary,
+    drop_alternatives,
+    effective_variance,
+)
 from assaywatch.analyzers.model import Verdict
 
 
@@ -70,10 +74,6 @@ def _moments(values: NDArray[np.float64]) -> tuple[int, float, float]:
     n = int(values.size)
     return n, float(values.mean()) if n else float("nan"), \
         float(values.var(ddof=1)) if n > 1 else 0.0
-
-
-def _eff_var(n: int, var: float) -> float:
-    return (n * var + 0.25) / (n + 1)
 
 
 def normalise(scores: Sequence[float] | NDArray[np.float64],
@@ -110,10 +110,10 @@ class ScoreTestResult:
         """Candidate scores a design at level ``alpha`` needs to show non-inferiority with
         power 1 - beta when nothing changed (None: the baseline is too small)."""
         z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - beta)
-        se2 = (self.drop / z) ** 2 - _eff_var(self.n_b, self.var_b) / max(self.n_b, 1)
+        se2 = (self.drop / z) ** 2 - effective_variance(self.n_b, self.var_b) / max(self.n_b, 1)
         if se2 <= 0:
             return None
-        return int(math.ceil(_eff_var(max(self.n_c, 1), self.var_c or self.var_b) / se2))
+        return int(math.ceil(effective_variance(max(self.n_c, 1), self.var_c or self.var_b) / se2))
 
 
 def score_verdict(evaluator: str, summary: ScoreSummary, candidate: Sequence[float],
@@ -133,7 +133,7 @@ def score_verdict(evaluator: str, summary: ScoreSummary, candidate: Sequence[flo
         m_b, v_b = summary.normalised()
     if n_c == 0 or n_b == 0:
         return ScoreTestResult(evaluator, n_b, n_c, m_b, m_c, v_b, v_c, drop, 1.0, 1.0)
-    a, b = _eff_var(n_b, v_b) / n_b, _eff_var(n_c, v_c) / n_c
+    a, b = effective_variance(n_b, v_b) / n_b, effective_variance(n_c, v_c) / n_c
     se = math.sqrt(a + b)
     df = (a + b) ** 2 / (a * a / max(n_b - 1, 1) + b * b / max(n_c - 1, 1))
     p = float(stats.t.cdf((m_c - m_b) / se, df))
@@ -180,7 +180,7 @@ class SequentialScoreTest:
         self.summary = summary
         self.alpha, self.beta, self.drop = alpha, beta, drop
         m, v = summary.normalised()
-        se = math.sqrt(_eff_var(summary.n, v) / summary.n)
+        se = math.sqrt(effective_variance(summary.n, v) / summary.n)
         self.m_lo = max(1e-6, m - float(stats.norm.ppf(1 - alpha / 2)) * se)
         self.m_hi = min(1.0, m + float(stats.norm.ppf(1 - beta / 2)) * se)
         ys, ps = summary.levels()
@@ -213,19 +213,11 @@ class SequentialScoreTest:
             return
         rng = np.random.default_rng(seed)
         per = max(1, reps // boots)
-        w = s.hi - s.lo
         top_fail: list[NDArray[np.float64]] = []
         top_pass: dict[int, list[NDArray[np.float64]]] = {}
         shapes = drop_alternatives(ys, ps, self.drop)
         for _ in range(boots):
-            c = rng.multinomial(s.n, ps).astype(np.float64)
-            q = c / c.sum()
-            m = float((q * ys).sum())
-            var = float((q * (ys - m) ** 2).sum()) * s.n / max(s.n - 1, 1)
-            keep = c > 0
-            boot = ScoreSummary(s.n, s.lo + m * w, var * w * w, s.lo, s.hi,
-                                {int(round(y * HIST_LEVELS)): int(k)
-                                 for y, k in zip(ys[keep], c[keep], strict=True)})
+            boot = s.with_counts(rng.multinomial(s.n, ps).astype(np.float64))
             t_b = SequentialScoreTest(self.evaluator, boot, alpha=self.alpha, beta=self.beta,
                                       drop=self.drop)
             same = ys[rng.choice(ys.size, size=(per, horizon), p=ps)]

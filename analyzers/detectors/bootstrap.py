@@ -85,7 +85,7 @@ from assaywatch.analyzers.detectors.multichart import (
     projection,
     shift_directions,
 )
-from assaywatch.analyzers.detectors.score import HIST_LEVELS, ScoreSummary, best_lambda
+from assaywatch.analyzers.detectors.score import ScoreSummary, best_lambda
 
 __all__ = ["BaselineData", "CalibrationSettings", "Thresholds", "calibrate", "cusum_arl"]
 
@@ -368,18 +368,11 @@ def score_threshold(summary: ScoreSummary, shift: float, arl0: float, confidence
     ys, ps = summary.levels()
     if ys.size < 2 or summary.n < 2:
         return lorden
-    w = summary.hi - summary.lo
     counts = rng.multinomial(summary.n, ps, size=reps).astype(np.float64)
     xs = np.zeros((reps, ys.size))
     usable = np.zeros(reps, dtype=bool)
     for b, c in enumerate(counts):
-        q = c / c.sum()
-        m = float((q * ys).sum())
-        var = float((q * (ys - m) ** 2).sum()) * summary.n / max(summary.n - 1, 1)
-        keep = c > 0
-        boot = ScoreSummary(summary.n, summary.lo + m * w, var * w * w, summary.lo,
-                            summary.hi, {int(round(y * HIST_LEVELS)): int(k)
-                                         for y, k in zip(ys[keep], c[keep], strict=True)})
+        boot = summary.with_counts(c)
         m0 = boot.mean_lower(confidence)
         if m0 <= 0.0:
             continue

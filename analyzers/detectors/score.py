@@ -75,6 +75,12 @@ def infer_scale(values: Iterable[float]) -> tuple[float, float]:
     return lo, hi
 
 
+def effective_variance(n: int, var: float) -> float:
+    """The variance with one pseudo-observation of maximal variance (0.25 on [0, 1]) among
+    ``n``: a sample of identical scores does not claim certainty."""
+    return (n * var + 0.25) / (n + 1)
+
+
 @dataclass(frozen=True)
 class ScoreSummary:
     """What a baseline keeps of one evaluator's scores: count, mean and variance (in score
@@ -114,8 +120,21 @@ class ScoreSummary:
         """Lower confidence bound of the mean on [0, 1] (module docstring)."""
         m, v = self.normalised()
         n = max(self.n, 1)
-        v_eff = (n * v + 0.25) / (n + 1)
-        return float(max(0.0, m - norm.ppf(confidence) * math.sqrt(v_eff / n)))
+        return float(max(0.0, m - norm.ppf(confidence)
+                         * math.sqrt(effective_variance(n, v) / n)))
+
+    def with_counts(self, counts: np.ndarray) -> ScoreSummary:
+        """A summary of the same size and scale whose histogram has ``counts`` at this
+        one's levels (:meth:`levels`): one bootstrap baseline drawn from it."""
+        ys, _ = self.levels()
+        q = counts / counts.sum()
+        m = float((q * ys).sum())
+        var = float((q * (ys - m) ** 2).sum()) * self.n / max(self.n - 1, 1)
+        w = self.hi - self.lo
+        keep = counts > 0
+        return ScoreSummary(self.n, self.lo + m * w, var * w * w, self.lo, self.hi,
+                            {int(round(y * HIST_LEVELS)): int(k)
+                             for y, k in zip(ys[keep], counts[keep], strict=True)})
 
     def levels(self) -> tuple[np.ndarray, np.ndarray]:
         """(values on [0, 1], probabilities) of the histogram."""
