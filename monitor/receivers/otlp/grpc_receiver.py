@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -270,6 +270,25 @@ class GrpcReceiver:
             return capacity
         return self.max_spans_per_request
 
+    def _check_size(self, data: bytes, context: Any, reject: Callable[[str, str], None]
+                    ) -> None:
+        """RESOURCE_EXHAUSTED (counted by ``reject``) for a message over the size cap."""
+        if len(data) > self.max_message_bytes:
+            reject(GRPC_RECEIVER, "message_too_large")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"request of {len(data)} bytes exceeds the "
+                          f"{self.max_message_bytes}-byte limit; send smaller batches")
+
+    def _refuse_undecodable(self, err: DecodeError, context: Any,
+                            reject: Callable[[str, str], None]) -> NoReturn:
+        """Count the refusal with ``reject`` and answer RESOURCE_EXHAUSTED for what is too
+        large (413), INVALID_ARGUMENT otherwise."""
+        reject(GRPC_RECEIVER, err.reason)
+        code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.status == 413
+                else grpc.StatusCode.INVALID_ARGUMENT)
+        context.abort(code, err.message)
+        raise err  # unreachable: abort raises
+
     def _refuse_full(self, context: Any, n: int, what: str) -> None:
         message = (f"assaywatch pipeline is full; retry in {self.retry_delay_s:g}s "
                    f"({n} {what} not accepted)")
@@ -278,42 +297,26 @@ class GrpcReceiver:
 
     def _handle_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
         """LogsService/Export: evaluation records to the sink, other records counted."""
-        if len(data) > self.max_message_bytes:
-            self.counters.add_logs_rejected(GRPC_RECEIVER, "message_too_large")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"request of {len(data)} bytes exceeds the "
-                          f"{self.max_message_bytes}-byte limit; send smaller batches")
+        self._check_size(data, context, self.counters.add_logs_rejected)
         try:
             result = decode_proto_logs(data, self.limits,
                                        max_records=self.max_spans_per_request,
                                        max_elements=self.max_request_elements)
             check_capacity(result, self.sink)
         except DecodeError as err:
-            self.counters.add_logs_rejected(GRPC_RECEIVER, err.reason)
-            code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.status == 413
-                    else grpc.StatusCode.INVALID_ARGUMENT)
-            context.abort(code, err.message)
-            raise  # unreachable: abort raises
+            self._refuse_undecodable(err, context, self.counters.add_logs_rejected)
         del data
         if not deliver_logs(result, self.sink, self.counters, GRPC_RECEIVER):
             self._refuse_full(context, len(result.spans), "evaluation records")
         return logs_response(result.rejected_count, result.error_message)
 
     def _handle(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
-        if len(data) > self.max_message_bytes:
-            self.counters.add_rejected(GRPC_RECEIVER, "message_too_large")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"request of {len(data)} bytes exceeds the "
-                          f"{self.max_message_bytes}-byte limit; send smaller batches")
+        self._check_size(data, context, self.counters.add_rejected)
         try:
             result = decode_proto_request(data, self.limits, max_spans=self._max_spans(),
                                           max_elements=self.max_request_elements)
         except DecodeError as err:
-            self.counters.add_rejected(GRPC_RECEIVER, err.reason)
-            code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.status == 413
-                    else grpc.StatusCode.INVALID_ARGUMENT)
-            context.abort(code, err.message)
-            raise  # unreachable: abort raises
+            self._refuse_undecodable(err, context, self.counters.add_rejected)
         del data
         for reason, n in result.rejected.items():
             self.counters.add_rejected(GRPC_RECEIVER, reason, n)
