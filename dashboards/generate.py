@@ -219,6 +219,15 @@ def overview() -> dict[str, Any]:
     lay.add("table", "Alarm onsets in range", "Alarm onsets per detector in the time range.",
             [(f"sum by ({STREAM}, detector) (increase({sel('assaywatch_alarms_total')}"
               "[$__range]))", "")], 12, 8, instant=True, table=True, links=links)
+    lay.add("timeseries", "Streams by phase",
+            "Streams learning their baseline, calibrating their detectors (the baseline "
+            "froze; runs are buffered in order until the thresholds arrive) and monitoring.",
+            [(f"sum by (state) ({sel('assaywatch_stream_state')})", "{{state}}")], 12, 8)
+    lay.add("timeseries", "Calibrations pending",
+            "Frozen baselines waiting for their detectors' thresholds, per monitor; a "
+            "backlog that does not drain means baselines freeze faster than the "
+            "calibration worker (monitor/README.md, \"Freezing never stalls ingestion\").",
+            [("sum by (instance) (assaywatch_calibrations_pending)", "{{instance}}")], 12, 8)
     return dashboard("assaywatch-overview", "assaywatch / Overview",
                      "Every agent stream with its verdicts, alarms, throughput, pass rate and "
                      "coverage.", lay, multi_agent=True)

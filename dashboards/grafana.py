@@ -53,6 +53,8 @@ METRIC_FAMILIES: dict[str, tuple[str, ...]] = {
     "assaywatch_coverage_ratio": ("agent", "version", "scenario", "dimension"),
     "assaywatch_recommended_trials": ("agent", "version", "scenario"),
     "assaywatch_baseline_runs": ("agent", "version", "scenario"),
+    "assaywatch_stream_state": ("agent", "version", "scenario", "state"),
+    "assaywatch_calibrations_pending": (),
     "assaywatch_build_info": ("version",),
 }
 

@@ -139,7 +139,7 @@ def gate_section() -> str:
 
 # -- metrics -----------------------------------------------------------------------------
 _FAMILY_TYPES = {"CounterMetricFamily": "counter", "GaugeMetricFamily": "gauge",
-                 "gauge": "gauge"}
+                 "gauge": "gauge", "counter": "counter"}
 
 
 def _literal(node: ast.expr, names: dict[str, Any]) -> Any:
@@ -160,8 +160,9 @@ def _literal(node: ast.expr, names: dict[str, Any]) -> Any:
 def metric_families(path: Path = EXPORTER) -> list[tuple[str, str, list[str], str]]:
     """(exposed name, type, labels, help) of every family the Prometheus exporter constructs.
 
-    A counter family ``assaywatch_x`` is exposed as ``assaywatch_x_total``. The local
-    helper ``gauge(name, doc, extra)`` adds the stream labels to ``extra``.
+    A counter family ``assaywatch_x`` is exposed as ``assaywatch_x_total``. The stream
+    families' helpers ``rows.gauge(name, doc, extra)`` and ``rows.counter(...)`` add the
+    stream labels to ``extra`` (unless ``keyed=False``).
     """
     from assaywatch.monitor.exporters import prometheus as exporter
 
@@ -173,7 +174,8 @@ def metric_families(path: Path = EXPORTER) -> list[tuple[str, str, list[str], st
     for node in calls:
         if not isinstance(node, ast.Call):
             continue
-        fn = node.func.id if isinstance(node.func, ast.Name) else None
+        fn = node.func.id if isinstance(node.func, ast.Name) else \
+            node.func.attr if isinstance(node.func, ast.Attribute) else None
         if fn not in _FAMILY_TYPES or len(node.args) < 2:
             continue
         if isinstance(node.args[0], ast.Name):  # inside the gauge() helper itself
@@ -182,9 +184,12 @@ def metric_families(path: Path = EXPORTER) -> list[tuple[str, str, list[str], st
         if not isinstance(name, str) or not name.startswith("assaywatch_"):
             continue
         kind = _FAMILY_TYPES[fn]
-        if fn == "gauge":
+        if fn in ("gauge", "counter"):  # the stream families: ``rows.gauge(name, doc, extra)``
+            kw = {k.arg: k.value for k in node.keywords}
             extra = _literal(node.args[2], names) if len(node.args) > 2 else []
-            labels = list(exporter.KEY_LABELS) + list(extra)
+            keyed = not (isinstance(kw.get("keyed"), ast.Constant)
+                         and kw["keyed"].value is False)  # type: ignore[union-attr]
+            labels = (list(exporter.KEY_LABELS) if keyed else []) + list(extra)
         else:
             kw = {k.arg: k.value for k in node.keywords}
             labels = list(_literal(kw["labels"], names)) if "labels" in kw else []

@@ -163,6 +163,18 @@ class StreamState:
         return last is not None and self.monitored_runs - last < hold
 
 
+#: A stream's phases, in order (``assaywatch_stream_state``, the status page).
+STREAM_STATES = ("learning", "calibrating", "monitoring")
+
+
+def stream_state(st: StreamState) -> str:
+    """``learning`` its baseline, ``calibrating`` its detectors (the baseline froze, the
+    thresholds are on their way, runs are buffered in order) or ``monitoring``."""
+    if st.calibrating:
+        return "calibrating"
+    return "learning" if st.baseline is None else "monitoring"
+
+
 def close_order(run: Run) -> tuple[int, str]:
     return (run.end_ns, run.run_id)
 

@@ -15,15 +15,22 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 import assaywatch
 from assaywatch.analyzers.model import Verdict
 from assaywatch.monitor.engine.engine import Engine
-from assaywatch.monitor.engine.streams import DETECTORS, EVALUATION, alarm_name
+from assaywatch.monitor.engine.streams import (
+    DETECTORS,
+    EVALUATION,
+    STREAM_STATES,
+    alarm_name,
+    stream_state,
+)
 from assaywatch.monitor.pipeline.join import JOIN_OUTCOMES
 from assaywatch.monitor.receivers.spans import (
     EVALUATION_EVENT,
@@ -49,6 +56,125 @@ def _wilson95(k: int, n: int) -> tuple[float, float]:
     return wilson_interval(k, n, 0.05)
 
 
+Key = tuple[str, ...]
+
+
+class _Family:
+    """One stream family's samples: (stream key, extra label values, value) rows."""
+
+    __slots__ = ("name", "kind", "doc", "labels", "keyed", "rows")
+
+    def __init__(self, name: str, kind: str, doc: str, extra: tuple[str, ...],
+                 keyed: bool) -> None:
+        self.name, self.kind, self.doc, self.keyed = name, kind, doc, keyed
+        self.labels = (tuple(KEY_LABELS) if keyed else ()) + extra
+        self.rows: list[tuple[Key, Key, float]] = []
+
+    def add(self, key: Key, extra: Key, value: float) -> None:
+        self.rows.append((key, extra, value))
+
+    def metric(self) -> Metric:
+        cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        fam = cls(self.name, self.doc, labels=list(self.labels))
+        for key, extra, value in self.rows:
+            fam.add_metric([*key, *extra], value)
+        return fam
+
+
+class _Rows:
+    """The stream families of one snapshot, gathered under the pipeline lock as tuples and
+    turned into text (:meth:`render`, the ``/metrics`` path) or into ``Metric`` objects
+    (:meth:`metrics`, ``collect`` for a registry) after the lock is released."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, _Family] = {}
+
+    def _family(self, name: str, kind: str, doc: str, extra: tuple[str, ...],
+                keyed: bool) -> _Family:
+        fam = self.families.get(name)
+        if fam is None:
+            fam = self.families[name] = _Family(name, kind, doc, extra, keyed)
+        return fam
+
+    def gauge(self, name: str, doc: str, extra: tuple[str, ...] = (),
+              keyed: bool = True) -> _Family:
+        return self._family(name, "gauge", doc, extra, keyed)
+
+    def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> _Family:
+        return self._family(name, "counter", doc, extra, True)
+
+    def metrics(self) -> list[Metric]:
+        return [fam.metric() for fam in self.families.values()]
+
+    def render(self, labels: _LabelText) -> bytes:
+        """The families in the Prometheus text format 0.0.4, as ``generate_latest`` writes
+        them (a test parses both and compares); label texts come from ``labels``' cache,
+        so a scrape of 1,000 streams formats each stream's labels once, not per sample."""
+        out: list[str] = []
+        for fam in self.families.values():
+            sample = f"{fam.name}_total" if fam.kind == "counter" else fam.name
+            doc = fam.doc.replace("\\", r"\\").replace("\n", r"\n")
+            out.append(f"# HELP {sample} {doc}\n# TYPE {sample} {fam.kind}\n")
+            extra_names = fam.labels[3:] if fam.keyed else fam.labels
+            for key, extra, value in fam.rows:
+                text = labels.key(key) if key else ""
+                if extra:
+                    more = labels.extra(extra_names, extra)
+                    text = f"{text},{more}" if text else more
+                v = str(value) if type(value) is int else floatToGoString(value)
+                out.append(f"{sample}{{{text}}} {v}\n" if text else f"{sample} {v}\n")
+        return "".join(out).encode("utf-8")
+
+
+def _label_value(v: str) -> str:
+    """A label value escaped for the text format, made valid UTF-8 (a lone surrogate that
+    slipped past the edge is replaced, never a 500)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        v = v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+class _LabelText:
+    """Rendered label texts by stream key and by extra label values, kept across
+    snapshots (cleared past ``LIMIT`` entries: a stream turnover never grows it)."""
+
+    LIMIT = 200_000
+
+    def __init__(self) -> None:
+        self._keys: dict[Key, str] = {}
+        self._extra: dict[tuple[Key, Key], str] = {}
+
+    def key(self, key: Key) -> str:
+        text = self._keys.get(key)
+        if text is None:
+            if len(self._keys) >= self.LIMIT:
+                self._keys.clear()
+            text = self._keys[key] = ",".join(
+                f'{n}="{_label_value(v)}"' for n, v in zip(KEY_LABELS, key, strict=True))
+        return text
+
+    def extra(self, names: Key, values: Key) -> str:
+        text = self._extra.get((names, values))
+        if text is None:
+            if len(self._extra) >= self.LIMIT:
+                self._extra.clear()
+            text = self._extra[(names, values)] = ",".join(
+                f'{n}="{_label_value(v)}"' for n, v in zip(names, values, strict=True))
+        return text
+
+
+@dataclass
+class _Snapshot:
+    seq: int
+    taken: float  # monotonic
+    rows: _Rows
+    dropped: dict[str, int]
+    joins: dict[str, int]
+    text: bytes | None = None  # the rendered stream families (render mode)
+
+
 class MonitorCollector(Collector):
     """Yields every ``assaywatch_*`` family from the engine and the ingest counters.
 
@@ -56,13 +182,24 @@ class MonitorCollector(Collector):
     the number of open traces in the assembler.
 
     **A scrape never waits on the pipeline.** The stream families (and the engine's
-    dropped counts) are read under ``lock`` into a *snapshot*; ``collect`` serves the
-    newest snapshot. A scrape tries to refresh it, waiting at most ``scrape_wait_s`` for
-    the lock; when the pipeline holds it longer (overload, a long batch), the scrape
-    answers from the last snapshot and a background thread keeps trying (each attempt
-    waits up to ``refresh_wait_s``) so the next scrape finds a fresh one. The edge
-    counters (received, rejected, sanitised, the assembler's drops) and the pending-trace
-    count are read live, without the pipeline lock.
+    dropped counts) are read under ``lock`` into a *snapshot* of plain tuples; the text is
+    formatted after the lock is released. The edge counters (received, rejected,
+    sanitised, the assembler's drops) and the pending-trace count are read live, without
+    the pipeline lock.
+
+    Two ways to serve it:
+
+    * **render mode** (the monitor's ``/metrics``: :meth:`start`, then
+      :meth:`stream_exposition`). A background thread takes and renders snapshots on
+      demand; a scrape asks for one and waits at most ``scrape_wait_s`` for it, else it
+      answers with the newest rendered snapshot (the thread finishes the one asked for,
+      so the next scrape finds it). A scrape's time is therefore bounded by
+      ``scrape_wait_s`` plus sending the bytes, however busy the pipeline or the CPU:
+      at 1,000 streams a snapshot is ~70,000 samples, and formatting them took seconds
+      of a contended GIL while ingestion was at full speed.
+    * **collect mode** (no thread: a registry, tests, tools): ``collect`` refreshes
+      synchronously, waiting at most ``scrape_wait_s`` for the lock, and yields the
+      stream families as ``Metric`` objects.
 
     Counters never go backwards between scrapes: snapshots are taken one at a time, each
     later than the one it replaces, and a dropped count is the live counter (monotone)
@@ -72,7 +209,7 @@ class MonitorCollector(Collector):
     def __init__(self, engine: Engine, counters: IngestCounters,
                  lock: threading.Lock | threading.RLock | None = None,
                  pending: Callable[[], int] | None = None,
-                 scrape_wait_s: float = 0.2, refresh_wait_s: float = 2.0,
+                 scrape_wait_s: float = 0.5, refresh_wait_s: float = 2.0,
                  joins: Callable[[], dict[str, int]] | None = None) -> None:
         if not (scrape_wait_s >= 0 and refresh_wait_s >= 0):
             raise ValueError("MonitorCollector: scrape_wait_s and refresh_wait_s must be >= 0 "
@@ -85,9 +222,11 @@ class MonitorCollector(Collector):
         self.joins = joins or dict
         self.scrape_wait_s = scrape_wait_s
         self.refresh_wait_s = refresh_wait_s
-        #: (monotonic time taken, stream families, engine dropped counts, join counts)
-        self._snapshot: tuple[float, list[Metric], dict[str, int], dict[str, int]] | None = None
+        self._snapshot: _Snapshot | None = None
+        self._seq = 0
+        self._labels = _LabelText()
         self._refreshing = threading.Lock()  # one refresh at a time: snapshots only advance
+        self._taken = threading.Condition()  # notified when a snapshot is stored
         self._wanted = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,19 +236,26 @@ class MonitorCollector(Collector):
 
     # -- the snapshot ---------------------------------------------------------------------
     def refresh(self, wait_s: float) -> bool:
-        """Take a new snapshot if the pipeline lock is free within ``wait_s`` seconds."""
+        """Take a new snapshot if the pipeline lock is free within ``wait_s`` seconds (and
+        render it, in render mode)."""
         if not self._refreshing.acquire(timeout=wait_s):
             return False  # another refresh is running: its snapshot will do
         try:
             if not self.lock.acquire(timeout=wait_s):
                 return False
             try:
-                families = list(self._stream_families())
+                rows = self._gather()
                 dropped = dict(self.engine.dropped)
                 joins = dict(self.joins())
             finally:
                 self.lock.release()
-            self._snapshot = (time.monotonic(), families, dropped, joins)
+            snap = _Snapshot(self._seq + 1, time.monotonic(), rows, dropped, joins)
+            if self._thread is not None:
+                snap.text = rows.render(self._labels)
+            with self._taken:
+                self._seq = snap.seq
+                self._snapshot = snap
+                self._taken.notify_all()
             return True
         finally:
             self._refreshing.release()
@@ -117,10 +263,10 @@ class MonitorCollector(Collector):
     def snapshot_age(self) -> float | None:
         """Seconds since the served snapshot was taken (None before the first)."""
         snap = self._snapshot
-        return None if snap is None else time.monotonic() - snap[0]
+        return None if snap is None else time.monotonic() - snap.taken
 
     def start(self) -> None:
-        """Start the background thread that retries a refresh a scrape could not make."""
+        """Render mode: start the thread that takes the snapshots scrapes ask for."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._refresh_loop, daemon=True,
                                             name="assaywatch-metrics-snapshot")
@@ -138,18 +284,38 @@ class MonitorCollector(Collector):
             self._wanted.wait()
             if self._stop.is_set():
                 return
+            self._wanted.clear()  # asked again meanwhile: one more snapshot after this
             try:
-                if self.refresh(self.refresh_wait_s):
-                    self._wanted.clear()
+                if not self.refresh(self.refresh_wait_s):
+                    self._wanted.set()  # the pipeline held its lock: try again
             except Exception:  # never let a bad stream stop the metrics
                 logger.exception("metrics snapshot failed")
-                self._wanted.clear()
                 self._stop.wait(1.0)
+
+    def stream_exposition(self) -> bytes:
+        """Render mode: the stream families as text, from a snapshot taken for this scrape
+        if it is ready within ``scrape_wait_s``, else from the newest one (empty before
+        the first). Call it before ``generate_latest`` of the registry, whose ``collect``
+        then reads the same snapshot's dropped and join counts."""
+        if self._thread is None:
+            self.refresh(self.scrape_wait_s)
+        else:
+            asked = self._seq
+            self._wanted.set()
+            with self._taken:
+                self._taken.wait_for(lambda: self._seq > asked, timeout=self.scrape_wait_s)
+        snap = self._snapshot
+        if snap is None:
+            return b""
+        if snap.text is None:  # taken in collect mode
+            snap.text = snap.rows.render(self._labels)
+        return snap.text
 
     # -- exposition -----------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
-        if not self.refresh(self.scrape_wait_s):
-            self._wanted.set()  # the background thread takes one as soon as it can
+        render_mode = self._thread is not None
+        if not render_mode:
+            self.refresh(self.scrape_wait_s)
         snap = self._snapshot
         received, rejected, dropped = self.counters.snapshot()
         fam = CounterMetricFamily("assaywatch_spans_received",
@@ -173,8 +339,9 @@ class MonitorCollector(Collector):
         yield fam
         all_dropped = dict(dropped)
         if snap is not None:
-            yield from snap[1]
-            for reason, v in snap[2].items():
+            if not render_mode:  # render mode: the text comes from stream_exposition
+                yield from snap.rows.metrics()
+            for reason, v in snap.dropped.items():
                 all_dropped[reason] = all_dropped.get(reason, 0) + v
         fam = CounterMetricFamily("assaywatch_spans_dropped",
                                   "Spans or runs discarded after the edge, by reason "
@@ -209,7 +376,7 @@ class MonitorCollector(Collector):
                                   labels=["outcome"])
         joins = dict.fromkeys(JOIN_OUTCOMES, 0)
         if snap is not None:
-            joins.update(snap[3])
+            joins.update(snap.joins)
         for outcome, v in joins.items():
             fam.add_metric([outcome], v)
         yield fam
@@ -220,126 +387,133 @@ class MonitorCollector(Collector):
         g.add_metric([assaywatch.__version__], 1)
         yield g
 
-    def _stream_families(self) -> Iterator[Metric]:
+    def _gather(self) -> _Rows:
+        """The stream families' samples, read under the pipeline lock (cheap tuples: the
+        text is rendered after the lock is released)."""
         hold = self.engine.config.alarm_hold_runs
-        f: dict[str, Any] = {}
-
-        def gauge(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
-            if name not in f:
-                f[name] = GaugeMetricFamily(name, doc, labels=KEY_LABELS + (extra or []))
-            return f[name]  # type: ignore[no-any-return]
-
-        runs = CounterMetricFamily("assaywatch_runs", "Assembled runs by outcome.",
-                                   labels=KEY_LABELS + ["outcome"])
-        alarms_total = CounterMetricFamily("assaywatch_alarms", "Alarm firings (evaluator: "
-                                           "the evaluator of an evaluation alarm, else \"\").",
-                                           labels=KEY_LABELS + ["detector", "evaluator"])
-        evaluations = CounterMetricFamily("assaywatch_evaluations", "Graded evaluation "
-                                          "scores received per evaluator (on the trace or "
-                                          "joined late).",
-                                          labels=KEY_LABELS + ["evaluator"])
+        rows = _Rows()
+        rows.gauge("assaywatch_calibrations_pending", "Streams whose baseline froze and "
+                   "whose detectors await their thresholds (queued or running in the "
+                   "calibration worker).", keyed=False).add((), (),
+                                                            self.engine.calibration_backlog)
+        runs = rows.counter("assaywatch_runs", "Assembled runs by outcome.", ("outcome",))
+        alarms_total = rows.counter("assaywatch_alarms", "Alarm firings (evaluator: the "
+                                    "evaluator of an evaluation alarm, else \"\").",
+                                    ("detector", "evaluator"))
+        evaluations = rows.counter("assaywatch_evaluations", "Graded evaluation scores "
+                                   "received per evaluator (on the trace or joined late).",
+                                   ("evaluator",))
+        score = rows.gauge("assaywatch_evaluation_score", "Mean of the evaluator's most "
+                           "recent scores (up to 200).", ("evaluator",))
+        baseline_runs = rows.gauge("assaywatch_baseline_runs", "Runs in the stream's frozen "
+                                   "baseline (0 while learning).")
+        phase = rows.gauge("assaywatch_stream_state", "The stream's phase, one-hot: learning "
+                           "its baseline, calibrating its detectors (runs buffered, in "
+                           "order), monitoring.", ("state",))
+        alarm = rows.gauge("assaywatch_alarm", "1 while the detector's alarm is active.",
+                           ("detector", "evaluator"))
+        stat = rows.gauge("assaywatch_cusum_statistic", "CUSUM statistic per feature "
+                          "(pass_rate for the Bernoulli CUSUM).", ("feature",))
+        verdict = rows.gauge("assaywatch_verdict", "Current verdict per test, one-hot.",
+                             ("test", "verdict"))
+        rate = rows.gauge("assaywatch_pass_rate", "Pass rate of the window.", ("window",))
+        rate_lo = rows.gauge("assaywatch_pass_rate_lower", "Wilson 95% lower bound.",
+                             ("window",))
+        rate_hi = rows.gauge("assaywatch_pass_rate_upper", "Wilson 95% upper bound.",
+                             ("window",))
+        llr = rows.gauge("assaywatch_sprt_log_likelihood_ratio",
+                         "Current SPRT log-likelihood ratio.")
+        sprt_lo = rows.gauge("assaywatch_sprt_lower_boundary",
+                             "SPRT Pass boundary a = log(beta/(1-alpha)).")
+        sprt_hi = rows.gauge("assaywatch_sprt_upper_boundary",
+                             "SPRT Fail boundary b = log((1-beta)/alpha).")
+        thr = rows.gauge("assaywatch_cusum_threshold", "CUSUM alarm threshold h.",
+                         ("detector",))
+        fp_shift = rows.gauge("assaywatch_fingerprint_shift", "Mahalanobis distance of the "
+                              "recent window's mean fingerprint to the baseline.")
+        feat_shift = rows.gauge("assaywatch_fingerprint_feature_shift", "Standardised shift "
+                                "of each fingerprint feature (recent window vs baseline).",
+                                ("feature",))
+        hotelling = rows.gauge("assaywatch_hotelling_p_value", "p-value of the windowed "
+                               "Hotelling T^2 test.")
+        cov = rows.gauge("assaywatch_coverage_ratio", "Coverage per dimension.",
+                         ("dimension",))
+        trials = rows.gauge("assaywatch_recommended_trials", "Adaptive budget n*: candidate "
+                            "runs recommended per decision.")
+        detectors = [det for det in DETECTORS if det in self.engine.config.detectors]
         monitor_scores = EVALUATION in self.engine.config.detectors
         for st in self.engine.streams():
-            k = [st.key.agent, st.key.version, st.key.scenario]
+            k = (st.key.agent, st.key.version, st.key.scenario)
             for outcome in ("pass", "fail", "unknown"):
-                runs.add_metric(k + [outcome], st.outcomes.get(outcome, 0))
+                runs.add(k, (outcome,), st.outcomes.get(outcome, 0))
             for ev in st.evaluators.values():
-                evaluations.add_metric(k + [ev.name], ev.count)
+                evaluations.add(k, (ev.name,), ev.count)
                 mean = ev.recent_mean
                 if mean is not None:
-                    gauge("assaywatch_evaluation_score", "Mean of the evaluator's most "
-                          "recent scores (up to 200).", ["evaluator"]).add_metric(
-                              k + [ev.name], mean)
+                    score.add(k, (ev.name,), mean)
             base = st.baseline
-            gauge("assaywatch_baseline_runs", "Runs in the stream's frozen baseline "
-                  "(0 while learning).").add_metric(k, base.n_runs if base else 0)
+            baseline_runs.add(k, (), base.n_runs if base else 0)
+            state = stream_state(st)
+            for name in STREAM_STATES:
+                phase.add(k, (name,), int(name == state))
             if base is None:
                 continue
-            for det in DETECTORS:
-                if det in self.engine.config.detectors:
-                    gauge("assaywatch_alarm", "1 while the detector's alarm is active.",
-                          ["detector", "evaluator"]).add_metric(
-                              k + [det, ""], int(st.alarm_active(det, hold)))
-                    alarms_total.add_metric(k + [det, ""], st.alarms_total.get(det, 0))
+            for det in detectors:
+                alarm.add(k, (det, ""), int(st.alarm_active(det, hold)))
+                alarms_total.add(k, (det, ""), st.alarms_total.get(det, 0))
             for ev in st.evaluators.values() if monitor_scores else ():
                 if ev.detector is None:
                     continue
                 name = alarm_name(ev.name)
-                gauge("assaywatch_alarm", "1 while the detector's alarm is active.",
-                      ["detector", "evaluator"]).add_metric(
-                          k + [EVALUATION, ev.name], int(st.alarm_active(name, hold)))
-                alarms_total.add_metric(k + [EVALUATION, ev.name],
-                                        st.alarms_total.get(name, 0))
-                gauge("assaywatch_cusum_statistic", "CUSUM statistic per feature "
-                      "(pass_rate for the Bernoulli CUSUM).", ["feature"]).add_metric(
-                          k + [name], ev.detector.statistic)
+                alarm.add(k, (EVALUATION, ev.name), int(st.alarm_active(name, hold)))
+                alarms_total.add(k, (EVALUATION, ev.name), st.alarms_total.get(name, 0))
+                stat.add(k, (name,), ev.detector.statistic)
             verdicts = {"pass_rate": st.pass_rate_verdict, "fingerprint": st.fingerprint_verdict,
                         "sprt": st.sprt_verdict}
             for test in VERDICT_TESTS:
                 current = verdicts[test] or Verdict.INCONCLUSIVE
                 for v in Verdict:
-                    gauge("assaywatch_verdict", "Current verdict per test, one-hot.",
-                          ["test", "verdict"]).add_metric(k + [test, v.value], int(v is current))
-            rates: list[tuple[str, float, float, float]] = []
+                    verdict.add(k, (test, v.value), int(v is current))
+            windows: list[tuple[str, float, float, float]] = []
             decided = base.passes + base.fails
             if decided:
                 lo, hi = _wilson95(base.passes, decided)
-                rates.append(("baseline", base.passes / decided, lo, hi))
+                windows.append(("baseline", base.passes / decided, lo, hi))
             n_recent = len(st.recent_outcomes)
             if n_recent:  # as recent_pass_rate(st), with the interval cached
                 k_recent = sum(st.recent_outcomes)
-                rates.append(("recent", k_recent / n_recent, *_wilson95(k_recent, n_recent)))
-            for window, p, lo, hi in rates:
-                gauge("assaywatch_pass_rate", "Pass rate of the window.",
-                      ["window"]).add_metric(k + [window], p)
-                gauge("assaywatch_pass_rate_lower", "Wilson 95% lower bound.",
-                      ["window"]).add_metric(k + [window], lo)
-                gauge("assaywatch_pass_rate_upper", "Wilson 95% upper bound.",
-                      ["window"]).add_metric(k + [window], hi)
+                windows.append(("recent", k_recent / n_recent, *_wilson95(k_recent, n_recent)))
+            for window, p, lo, hi in windows:
+                rate.add(k, (window,), p)
+                rate_lo.add(k, (window,), lo)
+                rate_hi.add(k, (window,), hi)
             sprt = st.detectors.get("sprt")
             if sprt is not None:
-                gauge("assaywatch_sprt_log_likelihood_ratio",
-                      "Current SPRT log-likelihood ratio.").add_metric(k, sprt.llr)
-                gauge("assaywatch_sprt_lower_boundary",
-                      "SPRT Pass boundary a = log(beta/(1-alpha)).").add_metric(k, sprt.lower)
-                gauge("assaywatch_sprt_upper_boundary",
-                      "SPRT Fail boundary b = log((1-beta)/alpha).").add_metric(k, sprt.upper)
+                llr.add(k, (), sprt.llr)
+                sprt_lo.add(k, (), sprt.lower)
+                sprt_hi.add(k, (), sprt.upper)
             cusum = st.detectors.get("cusum_pass_rate")
-            stat = gauge("assaywatch_cusum_statistic", "CUSUM statistic per feature "
-                         "(pass_rate for the Bernoulli CUSUM).", ["feature"])
-            thr = gauge("assaywatch_cusum_threshold", "CUSUM alarm threshold h.", ["detector"])
             if cusum is not None:
-                stat.add_metric(k + ["pass_rate"], cusum.statistic)
-                thr.add_metric(k + ["cusum_pass_rate"], cusum.threshold)
+                stat.add(k, ("pass_rate",), cusum.statistic)
+                thr.add(k, ("cusum_pass_rate",), cusum.threshold)
             fpc = st.detectors.get("cusum_fingerprint")
             if fpc is not None:
                 for name, value in fpc.feature_statistics.items():
-                    stat.add_metric(k + [name], value)
-                thr.add_metric(k + ["cusum_fingerprint"], fpc.threshold)
+                    stat.add(k, (name,), value)
+                thr.add(k, ("cusum_fingerprint",), fpc.threshold)
             if st.fingerprint_shift is not None:
-                gauge("assaywatch_fingerprint_shift", "Mahalanobis distance of the recent "
-                      "window's mean fingerprint to the baseline.").add_metric(
-                          k, st.fingerprint_shift)
-                fs = gauge("assaywatch_fingerprint_feature_shift", "Standardised shift of "
-                           "each fingerprint feature (recent window vs baseline).", ["feature"])
+                fp_shift.add(k, (), st.fingerprint_shift)
                 for name, value in st.feature_shift.items():
                     if math.isfinite(value):
-                        fs.add_metric(k + [name], value)
+                        feat_shift.add(k, (name,), value)
             if st.hotelling_p is not None:
-                gauge("assaywatch_hotelling_p_value", "p-value of the windowed Hotelling "
-                      "T^2 test.").add_metric(k, st.hotelling_p)
+                hotelling.add(k, (), st.hotelling_p)
             if st.coverage is not None:
                 # Only measured dimensions: one without an inventory (tools observed,
                 # no models or boundaries configured) would read 1.0, "fully covered".
                 # ``overall`` is the geometric mean of the dimensions exported beside it.
-                cov = gauge("assaywatch_coverage_ratio", "Coverage per dimension.",
-                            ["dimension"])
                 for dim, value in st.coverage.report().as_dict().items():
-                    cov.add_metric(k + [dim], value)
+                    cov.add(k, (dim,), value)
             if st.recommended_trials is not None:
-                gauge("assaywatch_recommended_trials", "Adaptive budget n*: candidate runs "
-                      "recommended per decision.").add_metric(k, st.recommended_trials)
-        yield runs
-        yield alarms_total
-        yield evaluations
-        yield from f.values()
+                trials.add(k, (), st.recommended_trials)
+        return rows

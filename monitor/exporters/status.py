@@ -321,11 +321,13 @@ class _Handler(DeadlineRequestHandler):
 
     def _metrics(self) -> bytes:
         registry = self.server_ref.registry
+        # the stream families first: the registry's collect then reads the same snapshot
+        streams = self.server_ref.collector.stream_exposition()
         try:
-            return generate_latest(registry)
+            return generate_latest(registry) + streams
         except UnicodeEncodeError:
             logger.warning("a metric label is not valid UTF-8; exposing it repaired")
-            return generate_latest(_RepairedRegistry(registry))  # type: ignore[arg-type]
+            return generate_latest(_RepairedRegistry(registry)) + streams  # type: ignore[arg-type]
 
     def do_GET(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path

@@ -270,6 +270,7 @@ VALUES: dict[str, list[str]] = {
                                                       "evaluation:helpfulness"],
     "dimension": ["tool", "path", "state", "boundary", "model", "overall"],
     "receiver": ["otlp_grpc", "otlp_http"], "reason": ["invalid_argument", "late_span"],
+    "state": ["learning", "calibrating", "monitoring"],
 }
 
 
