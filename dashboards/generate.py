@@ -228,6 +228,13 @@ def overview() -> dict[str, Any]:
             "backlog that does not drain means baselines freeze faster than the "
             "calibration worker (monitor/README.md, \"Freezing never stalls ingestion\").",
             [("sum by (instance) (assaywatch_calibrations_pending)", "{{instance}}")], 12, 8)
+    lay.add("timeseries", "Streams removed/s",
+            "Streams forgotten: idle (no run for limits.stream_idle_seconds), replaced (an "
+            "idle stream gave its place to a new one at limits.max_streams), deleted "
+            "(POST /api/streams/delete). A steady rate of replaced means more live "
+            "stream names than max_streams.",
+            [(f"sum by (instance, reason) (rate(assaywatch_streams_removed_total{RATE}))",
+              "{{instance}} {{reason}}")], 24, 6, unit="reqps")
     return dashboard("assaywatch-overview", "assaywatch / Overview",
                      "Every agent stream with its verdicts, alarms, throughput, pass rate and "
                      "coverage.", lay, multi_agent=True)

@@ -26,8 +26,8 @@ ENV_VARS = {
     "ASSAYWATCH_OTLP_GRPC": "OTLP/gRPC listen address HOST:PORT (same as --otlp-grpc)",
     "ASSAYWATCH_OTLP_HTTP": "OTLP/HTTP listen address HOST:PORT (same as --otlp-http)",
     "ASSAYWATCH_METRICS": "metrics/status listen address HOST:PORT (same as --metrics)",
-    "ASSAYWATCH_API_TOKEN": "bearer token of the mutating API (POST /api/rebaseline); "
-                            "default: the state dir's api-token file",
+    "ASSAYWATCH_API_TOKEN": "bearer token of the mutating API (POST /api/rebaseline, "
+                            "/api/streams/delete); default: the state dir's api-token file",
     "ASSAYWATCH_ALLOWED_HOSTS": "comma-separated Host names the metrics port answers besides "
                                 "loopback names and its bound address",
 }
@@ -194,8 +194,27 @@ class DetectorConfig:
 
 @dataclass
 class LimitsConfig:
-    max_streams: int = _opt(1_000, "Streams (agent, version, scenario) tracked; runs of new "
-                            "streams above it are dropped (reason stream_limit).")
+    max_streams: int = _opt(1_000, "Streams (agent, version, scenario) tracked. At the "
+                            "limit, a new stream takes the place of the least recently "
+                            "active one if that has had no run for replace_idle_seconds; "
+                            "else its runs are dropped (reason stream_limit).")
+    stream_idle_seconds: float = _opt(
+        604_800.0, "A stream without a run for this long (by the runs' end times) is "
+        "forgotten: detectors, counts and series (counted in "
+        "assaywatch_streams_removed_total{reason=\"idle\"}); a later run starts it again "
+        "from its last frozen baseline, as a new version would. 0 keeps streams forever. "
+        "Default 7 days.")
+    replace_idle_seconds: float = _opt(
+        3_600.0, "At max_streams, how long a stream must have been idle before a new stream "
+        "may take its place (reason replaced); negative never replaces. Active streams are "
+        "never displaced, so a flood of junk names cannot evict a working agent.")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_streams, int) or self.max_streams < 1 \
+                or not self.stream_idle_seconds >= 0:
+            raise ConfigError("limits: max_streams must be an integer >= 1 and "
+                              "stream_idle_seconds >= 0 (0 never expires streams), got "
+                              f"{self.max_streams!r}, {self.stream_idle_seconds!r}")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``assaywatch baseline build`` and ``assaywatch baseline reset``."""
+"""``assaywatch baseline build``, ``assaywatch baseline reset`` and
+``assaywatch baseline delete``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("baseline", help="build a baseline from span files, or reset a live one",
+    p = sub.add_parser("baseline",
+                       help="build a baseline from span files, or reset or delete a live stream",
                        description="Baselines are frozen per-stream reference statistics "
                                    "(pass counts, fingerprint mean and covariance, coverage).")
     bsub = p.add_subparsers(dest="baseline_command", metavar="ACTION", required=True)
@@ -31,10 +33,20 @@ def register(sub: Any) -> None:
     b.add_argument("--strict", action="store_true",
                    help="fail on the first bad record instead of skipping and counting it")
     b.set_defaults(func=build)
-    r = bsub.add_parser("reset", help="make a running monitor re-learn a stream's baseline",
-                        description="POST /api/rebaseline to a running monitor: the stream "
-                                    "forgets its baseline and learns a new one from its "
-                                    "next runs. The monitor wants its API token: "
+    for action, helptext, desc in (
+            ("reset", "make a running monitor re-learn a stream's baseline",
+             "POST /api/rebaseline to a running monitor: the stream forgets its baseline "
+             "and learns a new one from its next runs."),
+            ("delete", "make a running monitor forget a stream entirely",
+             "POST /api/streams/delete to a running monitor: the stream's baseline, "
+             "detectors, counts and series are forgotten (a retired version, a junk name); "
+             "a later run of it starts a new stream.")):
+        _stream_action(bsub, action, helptext, desc)
+
+
+def _stream_action(bsub: Any, action: str, helptext: str, desc: str) -> None:
+    r = bsub.add_parser(action, help=helptext,
+                        description=desc + " The monitor wants its API token: "
                                     "ASSAYWATCH_API_TOKEN, else the api-token file in its "
                                     "state dir (--state-dir).")
     r.add_argument("--url", default="http://127.0.0.1:9464",
@@ -48,7 +60,8 @@ def register(sub: Any) -> None:
     r.add_argument("--state-dir", metavar="DIR", default=None,
                    help="the monitor's state dir, whose api-token file is read when "
                         "ASSAYWATCH_API_TOKEN is not set (env ASSAYWATCH_STATE_DIR)")
-    r.set_defaults(func=reset)
+    r.set_defaults(func=reset, endpoint="/api/rebaseline" if action == "reset"
+                   else "/api/streams/delete")
 
 
 def build(args: argparse.Namespace) -> int:
@@ -111,7 +124,7 @@ def reset(args: argparse.Namespace) -> int:
     token = _token(args.state_dir)
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(args.url.rstrip("/") + "/api/rebaseline", data=body,
+    req = urllib.request.Request(args.url.rstrip("/") + args.endpoint, data=body,
                                  headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:

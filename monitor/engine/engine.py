@@ -54,7 +54,7 @@ import math
 import threading
 import time
 import zlib
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -143,6 +143,8 @@ class Engine:
         baseline_samples: dict[str, np.ndarray] | None = None,
         calibrator: CalibrationWorker | None = None,
         calibration_buffer_runs: int = 20_000,
+        stream_idle_seconds: float = 0.0,
+        replace_idle_seconds: float = 3600.0,
         score_shift: float = 0.1,
         score_threshold: float = DEFAULT_SCORE_THRESHOLD,
         verdict_window_s: float = 600.0,
@@ -169,8 +171,17 @@ class Engine:
         self._ready = threading.Event()
         self.on_alarm = on_alarm
         self.max_streams = max_streams
+        self.stream_idle_seconds = stream_idle_seconds
+        self.replace_idle_seconds = replace_idle_seconds
         self.dropped: Counter[str] = Counter()
-        self._streams: dict[StreamKey, StreamState] = {}
+        #: streams removed, by reason: ``idle`` (expired), ``replaced`` (an idle stream
+        #: gave its place to a new one at the stream limit), ``deleted`` (over the API)
+        self.removed: Counter[str] = Counter()
+        #: streams in order of their latest run (least recently active first)
+        self._streams: OrderedDict[StreamKey, StreamState] = OrderedDict()
+        #: the latest run end time seen (Unix ns): the engine's clock for idleness
+        self.now_ns = 0
+        self._next_sweep_ns = 0
         self._file_baselines = {b.key: b for b in baselines}
         #: agent+scenario -> the most recently frozen baseline, for new versions
         self._latest_frozen: dict[tuple[str, str], Baseline] = {}
@@ -206,12 +217,20 @@ class Engine:
     # -- feeding ---------------------------------------------------------------------
     def process(self, run: Run) -> list[AlarmEvent]:
         """Account one closed run; return the alarms it raised."""
+        if run.end_ns > self.now_ns:
+            self.now_ns = run.end_ns
+            if self.stream_idle_seconds > 0 and self.now_ns >= self._next_sweep_ns:
+                self.expire_idle()
         st = self._streams.get(run.key)
         if st is None:
-            if len(self._streams) >= self.max_streams:
+            if len(self._streams) >= self.max_streams and not self._replace_idle():
                 self.dropped["stream_limit"] += 1
                 return []
             st = self._new_stream(run.key)
+        else:
+            self._streams.move_to_end(run.key)
+        if run.end_ns > st.last_end_ns:
+            st.last_end_ns = run.end_ns
         st.n_runs += 1
         st.outcomes[run.outcome.value] += 1
         if not st.first_run_id:
@@ -287,13 +306,70 @@ class Engine:
         st = self._streams.get(key)
         if st is None:
             return False
+        self._forget_calibration(st)
         self._streams[key] = self._new_stream(key, learn=True)
         return True
 
+    # -- removing streams ------------------------------------------------------------
+    def delete_stream(self, key: StreamKey) -> bool:
+        """Forget a stream entirely (baseline, detectors, counts, series): its next run,
+        if any, starts a new stream. False when there is no such stream."""
+        st = self._streams.get(key)
+        if st is None:
+            return False
+        self._remove(st, "deleted")
+        latest = self._latest_frozen.get((key.agent, key.scenario))
+        if latest is not None and latest is st.baseline:
+            del self._latest_frozen[(key.agent, key.scenario)]
+        return True
+
+    def expire_idle(self) -> int:
+        """Remove the streams without a run for ``stream_idle_seconds`` of data time
+        (the newest run end seen); returns how many. Called as the clock advances, at
+        most once per tenth of the idle time."""
+        if self.stream_idle_seconds <= 0:
+            return 0
+        idle_ns = int(self.stream_idle_seconds * 1e9)
+        self._next_sweep_ns = self.now_ns + max(idle_ns // 10, 1)
+        cutoff = self.now_ns - idle_ns
+        gone = 0
+        while self._streams:
+            st = next(iter(self._streams.values()))  # least recently active first
+            if st.last_end_ns >= cutoff:
+                break
+            self._remove(st, "idle")
+            gone += 1
+        return gone
+
+    def _replace_idle(self) -> bool:
+        """At the stream limit: give the least recently active stream's place to a new
+        stream when it has been idle ``replace_idle_seconds`` (active streams are never
+        displaced: a flood of new names only takes the places of idle ones)."""
+        if not self._streams or self.replace_idle_seconds < 0:
+            return False
+        st = next(iter(self._streams.values()))
+        if self.now_ns - st.last_end_ns < int(self.replace_idle_seconds * 1e9):
+            return False
+        self._remove(st, "replaced")
+        return True
+
+    def _remove(self, st: StreamState, reason: str) -> None:
+        del self._streams[st.key]
+        self._forget_calibration(st)
+        self.removed[reason] += 1
+        logger.info("stream %s removed (%s)", st.key, reason)
+
+    def _forget_calibration(self, st: StreamState) -> None:
+        if st.calibrating and st.calibration_job is not None:
+            waiting = self._waiting.get(st.calibration_job.key)
+            if waiting is not None and st in waiting:
+                waiting.remove(st)
+
     # -- internals -------------------------------------------------------------------
     def _new_stream(self, key: StreamKey, learn: bool = False) -> StreamState:
-        st = StreamState(key=key)
+        st = StreamState(key=key, last_end_ns=self.now_ns)
         self._streams[key] = st
+        self._streams.move_to_end(key)
         base = None if learn else self._file_baselines.get(key)
         origin = "file"
         if base is None and not learn:
@@ -312,7 +388,12 @@ class Engine:
         st.builder = None
         st.monitored_runs = 0
         if remember:
+            # the newest last; bounded (4x the stream limit, oldest forgotten first) so
+            # that names which come and go cannot grow it for ever
+            self._latest_frozen.pop((base.key.agent, base.key.scenario), None)
             self._latest_frozen[(base.key.agent, base.key.scenario)] = base
+            while len(self._latest_frozen) > 4 * self.max_streams:
+                del self._latest_frozen[next(iter(self._latest_frozen))]
         sample = self._learned_sample(st, base) if origin == "learned" else None
         st.sample, st.sample_tools = [], []
         job = self._calibration_job(base, sample)
@@ -485,19 +566,22 @@ class Engine:
         job and buffered runs), the latest frozen baselines, the drop counts and the
         calibrated thresholds."""
         return (dict(self._streams), dict(self._latest_frozen), dict(self.dropped),
-                self._thresholds)
+                self._thresholds, {"removed": dict(self.removed), "now_ns": self.now_ns})
 
     def restore_state(self, state: tuple[Any, ...]) -> None:
         """Load :meth:`checkpoint_state` (a 3-tuple from before the thresholds were kept
         is accepted); a stream that was calibrating is calibrated again only when its
         thresholds are not in the restored cache."""
         streams, latest, dropped = state[:3]
-        self._streams.update(streams)
+        self._streams.update(sorted(streams.items(), key=lambda kv: kv[1].last_end_ns))
         self._latest_frozen.update(latest)
         self.dropped.update(dropped)
         if len(state) > 3 and isinstance(state[3], ThresholdCache):
             for key, th in state[3].items():
                 self._thresholds.put(key, th)
+        if len(state) > 4 and isinstance(state[4], dict):
+            self.removed.update(state[4].get("removed", {}))
+            self.now_ns = max(self.now_ns, int(state[4].get("now_ns", 0)))
         for st in self._streams.values():
             job = st.calibration_job
             if not st.calibrating or job is None:

@@ -145,6 +145,9 @@ class StreamState:
     evaluators: dict[str, EvaluatorState] = field(default_factory=dict)
     #: while calibrating: late scores (evaluator, score, run id, time) fed after the runs
     pending_scores: deque[tuple[str, float, str, int]] = field(default_factory=deque)
+    #: end time (Unix ns) of the stream's latest run: idle expiry and the stream limit
+    #: go by it (data time, so a replay expires what the live monitor expired)
+    last_end_ns: int = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a checkpoint written before a field existed: the field's default

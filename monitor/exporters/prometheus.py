@@ -42,6 +42,7 @@ KEY_LABELS = ["agent", "version", "scenario"]
 COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
 VERDICT_TESTS = ("pass_rate", "fingerprint", "sprt")
 RECEIVERS = ("otlp_grpc", "otlp_http")
+STREAM_REMOVALS = ("idle", "replaced", "deleted")
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,9 @@ class _Rows:
               keyed: bool = True) -> _Family:
         return self._family(name, "gauge", doc, extra, keyed)
 
-    def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> _Family:
-        return self._family(name, "counter", doc, extra, True)
+    def counter(self, name: str, doc: str, extra: tuple[str, ...] = (),
+                keyed: bool = True) -> _Family:
+        return self._family(name, "counter", doc, extra, keyed)
 
     def metrics(self) -> list[Metric]:
         return [fam.metric() for fam in self.families.values()]
@@ -396,6 +398,13 @@ class MonitorCollector(Collector):
                    "whose detectors await their thresholds (queued or running in the "
                    "calibration worker).", keyed=False).add((), (),
                                                             self.engine.calibration_backlog)
+        removed = rows.counter("assaywatch_streams_removed", "Streams forgotten, by reason: "
+                               "idle (no run for limits.stream_idle_seconds), replaced (an "
+                               "idle stream's place given to a new one at max_streams), "
+                               "deleted (POST /api/streams/delete).", ("reason",),
+                               keyed=False)
+        for reason in STREAM_REMOVALS:
+            removed.add((), (reason,), self.engine.removed.get(reason, 0))
         runs = rows.counter("assaywatch_runs", "Assembled runs by outcome.", ("outcome",))
         alarms_total = rows.counter("assaywatch_alarms", "Alarm firings (evaluator: the "
                                     "evaluator of an evaluation alarm, else \"\").",

@@ -228,6 +228,11 @@ class AccessPolicy:
         return None
 
 
+#: State-changing endpoints: path -> (event logged, answer field).
+_ACTIONS = {"/api/rebaseline": ("rebaseline", "rebaselined"),
+            "/api/streams/delete": ("stream_deleted", "deleted")}
+
+
 class _RepairedRegistry:
     """A registry view whose label values are valid UTF-8 (lone surrogates replaced)."""
 
@@ -365,7 +370,8 @@ class _Handler(DeadlineRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         parts = urlsplit(self.path)
-        if parts.path != "/api/rebaseline":
+        action = _ACTIONS.get(parts.path)
+        if action is None:
             self._send(404, b"not found\n", "text/plain; charset=utf-8", close=True)
             return
         policy = self.server_ref.policy
@@ -428,15 +434,16 @@ class _Handler(DeadlineRequestHandler):
             return
         key = StreamKey(fields["agent"], fields["version"], fields["scenario"])
         mon = self.server_ref.monitor
+        event, done = action
         with mon.pipeline.lock:
-            ok = mon.engine.rebaseline(key)
+            engine = mon.engine
+            ok = engine.rebaseline(key) if event == "rebaseline" else engine.delete_stream(key)
         remote = self.client_address[0]
-        record = state_change("rebaseline", {**key.as_labels(), "rebaselined": ok},
-                              token, remote)
-        logger.warning("rebaseline of %s by token %s from %s: %s", key,
+        record = state_change(event, {**key.as_labels(), done: ok}, token, remote)
+        logger.warning("%s of %s by token %s from %s: %s", event, key,
                        record["by"]["token_id"], remote, "done" if ok else "no such stream")
         events = getattr(mon, "events", None)
         if events is not None and ok:
             events.append(record)
-        body = json.dumps({"stream": key.as_labels(), "rebaselined": ok}).encode()
+        body = json.dumps({"stream": key.as_labels(), done: ok}).encode()
         self._send(200 if ok else 404, body, "application/json")

@@ -26,6 +26,8 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
     result = ReplayResult()
     engine = Engine(cfg.detectors, baselines, on_alarm=result.alarms.append,
                     max_streams=cfg.limits.max_streams,
+                    stream_idle_seconds=cfg.limits.stream_idle_seconds,
+                    replace_idle_seconds=cfg.limits.replace_idle_seconds,
                     score_shift=cfg.evaluations.min_drop,
                     score_threshold=cfg.evaluation_threshold,
                     verdict_window_s=cfg.evaluations.join_window_seconds)

@@ -250,7 +250,9 @@ class DetectorWorker:
 
     def _install(self, state: PartitionState) -> None:
         eng = Engine(self.config.detectors, self.baselines,
-                     max_streams=self.config.limits.max_streams)
+                     max_streams=self.config.limits.max_streams,
+                     stream_idle_seconds=self.config.limits.stream_idle_seconds,
+                     replace_idle_seconds=self.config.limits.replace_idle_seconds)
         eng._streams.update(state.streams)
         eng._latest_frozen.update(state.latest_frozen)
         eng.dropped.update(state.dropped)

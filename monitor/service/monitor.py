@@ -87,6 +87,8 @@ class Monitor:
         self.calibrator = CalibrationWorker() if default_workers() > 0 else None
         self.engine = Engine(config.detectors, baselines or [], on_alarm=self._on_alarm,
                              max_streams=config.limits.max_streams,
+                             stream_idle_seconds=config.limits.stream_idle_seconds,
+                             replace_idle_seconds=config.limits.replace_idle_seconds,
                              calibrator=self.calibrator,
                              score_shift=config.evaluations.min_drop,
                              score_threshold=config.evaluation_threshold,

@@ -269,7 +269,7 @@ VALUES: dict[str, list[str]] = {
     "window": ["baseline", "recent"], "feature": ["pass_rate", "n_steps", "tool_entropy",
                                                       "evaluation:helpfulness"],
     "dimension": ["tool", "path", "state", "boundary", "model", "overall"],
-    "receiver": ["otlp_grpc", "otlp_http"], "reason": ["invalid_argument", "late_span"],
+    "receiver": ["otlp_grpc", "otlp_http"], "reason": ["invalid_argument", "late_span", "idle"],
     "state": ["learning", "calibrating", "monitoring"],
 }
 
