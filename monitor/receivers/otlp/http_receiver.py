@@ -177,11 +177,21 @@ class HttpReceiver:
         logger.info("OTLP/HTTP receiver listening on %s:%d", self.host, self.bound_port)
         return self.bound_port
 
+    def begin_stop(self) -> None:
+        """The first step of a graceful stop, before the sink stops accepting: every later
+        request is answered 503 (``Retry-After: 1``, ``Connection: close``) without being
+        decoded or offered, idle keep-alive connections are closed, requests under way
+        finish (:meth:`HardenedHTTPServer.begin_stop`). :meth:`stop` calls it too."""
+        if self._server is not None:
+            self._server.begin_stop()
+
     def stop(self) -> None:
-        """Stop accepting requests and close the socket."""
+        """Refuse new requests (:meth:`begin_stop`), stop accepting connections, and close
+        the socket once the requests under way finished (at most 5 s)."""
         server, self._server = self._server, None
         if server is None:
             return
+        server.begin_stop()
         server.shutdown()
         server.server_close()
         if self._thread is not None:

@@ -11,11 +11,21 @@ metrics port share it).
 * **Closing lingers**: when the server closes a connection (after a 413 on a body it did
   not read, for instance) it first half-closes and discards what the client still sends
   for up to ``linger_s`` (2 s), so the client reads the answer instead of a reset.
+* **Stopping is graceful** (:meth:`HardenedHTTPServer.begin_stop`, also the first step of
+  ``server_close``): from then on a request that starts arriving on any connection
+  (keep-alive or newly accepted) is answered ``503`` with ``Retry-After: 1`` and
+  ``Connection: close`` once its headers are in, and its body is never handed to the
+  application; idle keep-alive connections are shut down at once (the client sees the
+  connection closed, never an answer); a request under way (its first byte arrived
+  before the stop) finishes, is answered with ``Connection: close``, and its connection
+  closes. ``server_close`` waits at most ``stop_grace_s`` (5 s) for the requests under
+  way, then shuts their sockets down: a hung client cannot hold the stop.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import socket
 import threading
 import time
@@ -24,11 +34,14 @@ from typing import Any
 
 __all__ = ["DeadlineRequestHandler", "HardenedHTTPServer", "RequestDeadline"]
 
+logger = logging.getLogger(__name__)
+
 #: Default cap on connections served at once, per server.
 DEFAULT_MAX_CONNECTIONS = 64
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
          b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 30\r\n\r\n"
          b"too many connections; retry.\r\n")
+_STOPPING_BODY = b"server stopping; retry.\r\n"
 
 
 class RequestDeadline(TimeoutError):
@@ -63,14 +76,24 @@ class _DeadlineSocketIO(io.RawIOBase):
 
 
 class DeadlineRequestHandler(BaseHTTPRequestHandler):
-    """A request handler whose requests must arrive within ``request_deadline_s``."""
+    """A request handler whose requests must arrive within ``request_deadline_s``, and
+    which refuses requests once its :class:`HardenedHTTPServer` is stopping."""
 
     protocol_version = "HTTP/1.1"
     #: Seconds of silence after which a socket read fails.
     timeout = 30.0
     #: Seconds a whole request (line, headers, body) may take to arrive.
     request_deadline_s = 60.0
+    #: Seconds the request line and headers on a connection accepted after the stop began
+    #: may take to arrive (they are answered 503).
+    stopping_deadline_s = 2.0
     _raw_in: _DeadlineSocketIO
+    #: this request started arriving after the stop began: answer 503, never dispatch it
+    _stopping_refusal = False
+    #: an interim answer (100 Continue) is being written
+    _interim_answer = False
+    #: requests begun on this connection
+    _requests_begun = 0
 
     def setup(self) -> None:
         super().setup()
@@ -78,29 +101,175 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(self._raw_in, 64 * 1024)
 
     def handle_one_request(self) -> None:
-        self._raw_in.deadline = time.monotonic() + self.request_deadline_s
+        now = time.monotonic()
+        self._raw_in.deadline = now + self.request_deadline_s
+        self._stopping_refusal = False
+        server = self.server
+        tracked = isinstance(server, HardenedHTTPServer)
         try:
+            if tracked:
+                if server._await_request(self.connection):
+                    # idle (begin_stop shuts the socket down) until a first byte arrives
+                    try:
+                        arrived = self.rfile.peek(1)
+                    except TimeoutError as exc:
+                        self.log_error("Request timed out: %r", exc)
+                        self.close_connection = True
+                        return
+                    if arrived:
+                        self._stopping_refusal = not server._request_began(self.connection)
+                elif self._requests_begun:  # kept alive as the stop began: close it
+                    self.close_connection = True
+                    return
+                else:  # accepted after the stop began: read the head, answer 503
+                    self._stopping_refusal = True
+                    self._raw_in.deadline = min(self._raw_in.deadline,
+                                                now + self.stopping_deadline_s)
+            self._requests_begun += 1
             super().handle_one_request()
         finally:
             self._raw_in.deadline = None
+            if tracked and server.stopping:
+                self.close_connection = True
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self._stopping_refusal:
+            self._answer_stopping()
+            return False  # "an answer was sent": the body is neither read nor dispatched
+        return True
+
+    def handle_expect_100(self) -> bool:
+        if self._stopping_refusal:
+            return True  # no 100 Continue: parse_request answers 503
+        self._interim_answer = True
+        try:
+            return super().handle_expect_100()
+        finally:
+            self._interim_answer = False
+
+    def end_headers(self) -> None:
+        # an answer written once the stop began closes its connection, and says so
+        if (not self._interim_answer and not self.close_connection
+                and getattr(self.server, "stopping", False)):
+            self.send_header("Connection", "close")
+        super().end_headers()
+
+    def _answer_stopping(self) -> None:
+        server = self.server
+        if isinstance(server, HardenedHTTPServer):
+            server._count_refused()
+        self.close_connection = True
+        try:
+            self.send_response(503)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Retry-After", "1")
+            self.send_header("Connection", "close")
+            self.send_header("Content-Length", str(len(_STOPPING_BODY)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(_STOPPING_BODY)
+        except OSError:  # the client went away (or the stop's grace ran out)
+            pass
 
 
 class HardenedHTTPServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` with a connection cap, a 128 backlog and lingering close."""
+    """``ThreadingHTTPServer`` with a connection cap, a 128 backlog, lingering close and a
+    graceful stop (:meth:`begin_stop`; ``server_close`` waits at most ``stop_grace_s``)."""
 
     daemon_threads = True
+    #: server_close waits for the connections itself, at most ``stop_grace_s``
+    block_on_close = False
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, linger_s: float = 2.0) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, linger_s: float = 2.0,
+                 stop_grace_s: float = 5.0) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self._slots = threading.BoundedSemaphore(max_connections)
         self.max_connections = max_connections
         self.linger_s = linger_s
+        self.stop_grace_s = stop_grace_s
         self.refused_connections = 0
+        #: requests answered 503 because the server was stopping
+        self.refused_stopping = 0
+        #: idle keep-alive connections shut down by begin_stop
+        self.closed_idle = 0
+        #: guards the connection table, the stop flag and the count of handler threads
+        self._conn_lock = threading.Condition()
+        #: open connection socket -> True while it waits for a request (idle)
+        self._conns: dict[socket.socket, bool] = {}
+        self._handlers = 0
+        self._stopping = False
         super().__init__(address, handler)
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`begin_stop` (or ``server_close``) was called."""
+        return self._stopping
+
+    def begin_stop(self) -> None:
+        """The first step of a graceful stop (idempotent, never blocks): every request
+        that starts arriving from now on is answered 503 (``Retry-After: 1``,
+        ``Connection: close``) without reaching the application; idle keep-alive
+        connections are shut down now; requests under way finish and their connections
+        then close. Call it before the application stops accepting data; ``shutdown``
+        (stop accepting connections) and ``server_close`` follow."""
+        with self._conn_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            idle = [sock for sock, waiting in self._conns.items() if waiting]
+            for sock in idle:  # under the lock: no handler closes it meanwhile
+                _shut(sock)
+            self.closed_idle += len(idle)
+            busy = len(self._conns) - len(idle)
+        logger.info("HTTP server on %s stopping: %d idle connection(s) closed, %d "
+                    "request(s) under way", self.server_address, len(idle), busy)
+
+    def server_close(self) -> None:
+        """Stop (:meth:`begin_stop`), close the listening socket, wait at most
+        ``stop_grace_s`` for the requests under way, then shut down what is still open."""
+        self.begin_stop()
+        super().server_close()
+        deadline = time.monotonic() + self.stop_grace_s
+        with self._conn_lock:
+            while self._handlers > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._conn_lock.wait(left)
+            stuck = list(self._conns)
+            for sock in stuck:
+                _shut(sock)
+        if stuck:
+            logger.warning("HTTP server on %s: %d connection(s) still open %.1f s after "
+                           "the stop began were shut down", self.server_address,
+                           len(stuck), self.stop_grace_s)
+
+    # -- the connection table (called by DeadlineRequestHandler) ------------------------
+    def _await_request(self, sock: socket.socket) -> bool:
+        """The connection waits for its next request (idle); False once stopping."""
+        with self._conn_lock:
+            if self._stopping:
+                return False
+            self._conns[sock] = True
+            return True
+
+    def _request_began(self, sock: socket.socket) -> bool:
+        """A request's first byte arrived (busy); False if the stop began first."""
+        with self._conn_lock:
+            if sock in self._conns:
+                self._conns[sock] = False
+            return not self._stopping
+
+    def _count_refused(self) -> None:
+        with self._conn_lock:
+            self.refused_stopping += 1
+
+    # -- socketserver --------------------------------------------------------------------
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.refused_connections += 1
@@ -111,10 +280,14 @@ class HardenedHTTPServer(ThreadingHTTPServer):
                 pass
             self.shutdown_request(request, linger=False)
             return
+        with self._conn_lock:
+            self._conns[request] = True  # idle until its handler reads a request
+            self._handlers += 1
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._handler_done()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -122,8 +295,16 @@ class HardenedHTTPServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+            self._handler_done()
+
+    def _handler_done(self) -> None:
+        with self._conn_lock:
+            self._handlers -= 1
+            self._conn_lock.notify_all()
 
     def shutdown_request(self, request: Any, linger: bool = True) -> None:
+        with self._conn_lock:  # out of the table before it is closed
+            self._conns.pop(request, None)
         try:
             request.shutdown(socket.SHUT_WR)
         except OSError:
@@ -132,6 +313,14 @@ class HardenedHTTPServer(ThreadingHTTPServer):
             if linger and self.linger_s > 0:
                 _drain(request, self.linger_s)
         self.close_request(request)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut both directions down: a thread blocked reading it wakes with end of file."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _drain(sock: socket.socket, seconds: float) -> None:
