@@ -199,7 +199,8 @@ class LimitsConfig:
                             "active one if that has had no run for replace_idle_seconds; "
                             "else its runs are dropped (reason stream_limit).")
     stream_idle_seconds: float = _opt(
-        604_800.0, "A stream without a run for this long (by the runs' end times) is "
+        604_800.0, "A stream without a run for this long (wall clock; `assaywatch replay`: "
+        "by the runs' end times) is "
         "forgotten: detectors, counts and series (counted in "
         "assaywatch_streams_removed_total{reason=\"idle\"}); a later run starts it again "
         "from its last frozen baseline, as a new version would. 0 keeps streams forever. "

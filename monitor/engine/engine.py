@@ -145,6 +145,7 @@ class Engine:
         calibration_buffer_runs: int = 20_000,
         stream_idle_seconds: float = 0.0,
         replace_idle_seconds: float = 3600.0,
+        idle_clock: Callable[[], int] | None = None,
         score_shift: float = 0.1,
         score_threshold: float = DEFAULT_SCORE_THRESHOLD,
         verdict_window_s: float = 600.0,
@@ -172,6 +173,11 @@ class Engine:
         self.on_alarm = on_alarm
         self.max_streams = max_streams
         self.stream_idle_seconds = stream_idle_seconds
+        #: the clock idleness goes by (Unix ns): None, the runs' end times (replay: a
+        #: replay removes what it would have removed live over the same data); the
+        #: monitor passes the wall clock, so senders whose clocks disagree (or recorded
+        #: spans sent late) do not make each other's streams look idle
+        self.idle_clock = idle_clock
         self.replace_idle_seconds = replace_idle_seconds
         self.dropped: Counter[str] = Counter()
         #: streams removed, by reason: ``idle`` (expired), ``replaced`` (an idle stream
@@ -179,7 +185,7 @@ class Engine:
         self.removed: Counter[str] = Counter()
         #: streams in order of their latest run (least recently active first)
         self._streams: OrderedDict[StreamKey, StreamState] = OrderedDict()
-        #: the latest run end time seen (Unix ns): the engine's clock for idleness
+        #: the latest time of ``idle_clock`` seen (Unix ns)
         self.now_ns = 0
         self._next_sweep_ns = 0
         self._file_baselines = {b.key: b for b in baselines}
@@ -217,9 +223,10 @@ class Engine:
     # -- feeding ---------------------------------------------------------------------
     def process(self, run: Run) -> list[AlarmEvent]:
         """Account one closed run; return the alarms it raised."""
-        if run.end_ns > self.now_ns:
-            self.now_ns = run.end_ns
-            if self.stream_idle_seconds > 0 and self.now_ns >= self._next_sweep_ns:
+        now = run.end_ns if self.idle_clock is None else self.idle_clock()
+        if now > self.now_ns:
+            self.now_ns = now
+            if self.stream_idle_seconds > 0 and now >= self._next_sweep_ns:
                 self.expire_idle()
         st = self._streams.get(run.key)
         if st is None:
@@ -229,8 +236,8 @@ class Engine:
             st = self._new_stream(run.key)
         else:
             self._streams.move_to_end(run.key)
-        if run.end_ns > st.last_end_ns:
-            st.last_end_ns = run.end_ns
+        if now > st.last_seen_ns:
+            st.last_seen_ns = now
         st.n_runs += 1
         st.outcomes[run.outcome.value] += 1
         if not st.first_run_id:
@@ -324,9 +331,9 @@ class Engine:
         return True
 
     def expire_idle(self) -> int:
-        """Remove the streams without a run for ``stream_idle_seconds`` of data time
-        (the newest run end seen); returns how many. Called as the clock advances, at
-        most once per tenth of the idle time."""
+        """Remove the streams without a run for ``stream_idle_seconds`` by ``idle_clock``;
+        returns how many. Called as the clock advances, at most once per tenth of the
+        idle time."""
         if self.stream_idle_seconds <= 0:
             return 0
         idle_ns = int(self.stream_idle_seconds * 1e9)
@@ -335,7 +342,7 @@ class Engine:
         gone = 0
         while self._streams:
             st = next(iter(self._streams.values()))  # least recently active first
-            if st.last_end_ns >= cutoff:
+            if st.last_seen_ns >= cutoff:
                 break
             self._remove(st, "idle")
             gone += 1
@@ -348,7 +355,7 @@ class Engine:
         if not self._streams or self.replace_idle_seconds < 0:
             return False
         st = next(iter(self._streams.values()))
-        if self.now_ns - st.last_end_ns < int(self.replace_idle_seconds * 1e9):
+        if self.now_ns - st.last_seen_ns < int(self.replace_idle_seconds * 1e9):
             return False
         self._remove(st, "replaced")
         return True
@@ -367,7 +374,7 @@ class Engine:
 
     # -- internals -------------------------------------------------------------------
     def _new_stream(self, key: StreamKey, learn: bool = False) -> StreamState:
-        st = StreamState(key=key, last_end_ns=self.now_ns)
+        st = StreamState(key=key, last_seen_ns=self.now_ns)
         self._streams[key] = st
         self._streams.move_to_end(key)
         base = None if learn else self._file_baselines.get(key)
@@ -573,7 +580,7 @@ class Engine:
         is accepted); a stream that was calibrating is calibrated again only when its
         thresholds are not in the restored cache."""
         streams, latest, dropped = state[:3]
-        self._streams.update(sorted(streams.items(), key=lambda kv: kv[1].last_end_ns))
+        self._streams.update(sorted(streams.items(), key=lambda kv: kv[1].last_seen_ns))
         self._latest_frozen.update(latest)
         self.dropped.update(dropped)
         if len(state) > 3 and isinstance(state[3], ThresholdCache):

@@ -145,9 +145,10 @@ class StreamState:
     evaluators: dict[str, EvaluatorState] = field(default_factory=dict)
     #: while calibrating: late scores (evaluator, score, run id, time) fed after the runs
     pending_scores: deque[tuple[str, float, str, int]] = field(default_factory=deque)
-    #: end time (Unix ns) of the stream's latest run: idle expiry and the stream limit
-    #: go by it (data time, so a replay expires what the live monitor expired)
-    last_end_ns: int = 0
+    #: when the stream's latest run was processed, by the engine's ``idle_clock`` (Unix
+    #: ns: the run's end time in a replay, the wall clock in the monitor): idle expiry
+    #: and the stream limit go by it
+    last_seen_ns: int = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a checkpoint written before a field existed: the field's default

@@ -252,7 +252,8 @@ class DetectorWorker:
         eng = Engine(self.config.detectors, self.baselines,
                      max_streams=self.config.limits.max_streams,
                      stream_idle_seconds=self.config.limits.stream_idle_seconds,
-                     replace_idle_seconds=self.config.limits.replace_idle_seconds)
+                     replace_idle_seconds=self.config.limits.replace_idle_seconds,
+                     idle_clock=time.time_ns)
         eng._streams.update(state.streams)
         eng._latest_frozen.update(state.latest_frozen)
         eng.dropped.update(state.dropped)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -89,6 +90,7 @@ class Monitor:
                              max_streams=config.limits.max_streams,
                              stream_idle_seconds=config.limits.stream_idle_seconds,
                              replace_idle_seconds=config.limits.replace_idle_seconds,
+                             idle_clock=time.time_ns,
                              calibrator=self.calibrator,
                              score_shift=config.evaluations.min_drop,
                              score_threshold=config.evaluation_threshold,
@@ -287,6 +289,9 @@ class Monitor:
         self.ready.clear()
         self._stopping.set()
         self._checkpoint_now.set()
+        for server in self._servers:  # OTLP/HTTP: later requests 503 + Connection: close,
+            if hasattr(server, "begin_stop"):  # idle keep-alive connections closed
+                server.begin_stop()
         self.pipeline.close_intake()
         for server in self._servers:
             if server.__class__.__name__ != "StatusServer":

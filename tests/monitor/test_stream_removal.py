@@ -41,7 +41,7 @@ def _feed(engine: Engine, *streams: list[Run]) -> None:
         engine.process(r)
 
 
-def test_an_idle_stream_expires_by_data_time_and_comes_back_as_new() -> None:
+def test_in_a_replay_an_idle_stream_expires_by_data_time_and_comes_back() -> None:
     engine = Engine(DetectorConfig(learn_runs=20), stream_idle_seconds=3600)
     # a runs for 100 s then stops; b keeps running for 2 hours
     _feed(engine, _runs(A, [1.0 + i for i in range(100)]),
@@ -55,6 +55,23 @@ def test_an_idle_stream_expires_by_data_time_and_comes_back_as_new() -> None:
     st = engine.stream(A)
     assert st is not None and st.n_runs == 2 and st.monitored_runs == 2
     assert st.baseline is frozen and st.baseline_origin == "previous-version"
+
+
+def test_the_monitor_goes_by_the_wall_clock_so_skewed_senders_do_not_expire_others() -> None:
+    """Live (``idle_clock`` = the wall clock): a sender whose spans are 12 days ahead of
+    another's does not make the other's stream idle; a stream with no run for the idle
+    time of wall clock does expire."""
+    wall = [10**18]
+    engine = Engine(DetectorConfig(learn_runs=20), stream_idle_seconds=3600,
+                    idle_clock=lambda: wall[0])
+    _feed(engine, _runs(A, [1.0 + i for i in range(30)]))
+    _feed(engine, _runs(B, [12 * 86400.0 + i for i in range(30)], seed=4))
+    assert engine.stream(A) is not None and not engine.removed
+    wall[0] += 1800 * S  # b runs again half an hour later, and an hour later; a not
+    _feed(engine, _runs(B, [12 * 86400.0 + 100], seed=5))
+    wall[0] += 1801 * S
+    _feed(engine, _runs(B, [12 * 86400.0 + 200], seed=6))
+    assert engine.stream(A) is None and engine.removed == {"idle": 1}
 
 
 def test_nothing_expires_while_every_stream_is_active_or_expiry_is_off() -> None:
