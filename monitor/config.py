@@ -64,6 +64,21 @@ class IngestConfig:
                                        "body (gzip bombs answer 413).")
     queue_max_spans: int = _opt(200_000, "Spans waiting for the pipeline; above it receivers "
                                 "answer 429/503 or UNAVAILABLE with a retry hint.")
+    queue_max_bytes: int = _opt(
+        64 * 1024 * 1024, "Estimated memory of the records waiting for the pipeline (a fixed "
+        "part per span plus its name, attribute keys and values, as decoded: message "
+        "content the pipeline reads counts in full). Above it receivers answer 503 or "
+        "UNAVAILABLE with a retry hint (counted as rejected, reason pipeline_full_bytes); a "
+        "single request larger than the whole bound is taken alone when the queue is empty. "
+        "64 MiB is a few seconds of pipeline work (~50,000 spans without content, ~20,000 "
+        "carrying 2 KB outputs) and keeps the queue's share of a 1 GiB limit fixed whatever "
+        "the spans carry.")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.queue_max_bytes, int) or isinstance(self.queue_max_bytes, bool) \
+                or self.queue_max_bytes < 1 << 20:
+            raise ConfigError("ingest: queue_max_bytes must be at least 1048576 (1 MiB), "
+                              f"got {self.queue_max_bytes!r}")
 
 
 @dataclass

@@ -1,0 +1,3 @@
+module assaywatch/loadgen
+
+go 1.22
