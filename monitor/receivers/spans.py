@@ -113,6 +113,26 @@ def sink_capacity(sink: object) -> int | None:
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
+#: Reason counted for a request refused before it was read, the pipeline being known full
+#: (``sink_accepting``): one per request, its spans never decoded.
+PIPELINE_FULL_UNREAD = "pipeline_full_unread"
+
+
+def sink_refusal_reason(sink: object) -> str:
+    """Why ``sink`` refused the calling thread's last offer (``refusal_reason()`` when the
+    sink says, e.g. ``pipeline_full_bytes``), else ``pipeline_full``."""
+    why = getattr(sink, "refusal_reason", None)
+    return str(why()) if callable(why) else "pipeline_full"
+
+
+def sink_accepting(sink: object) -> bool:
+    """False while ``sink`` knows it is full (``accepting()``): a receiver then refuses a
+    request before reading and decoding it, which costs a fraction of decoding it only
+    to see it refused. True for sinks that do not say."""
+    ok = getattr(sink, "accepting", None)
+    return bool(ok()) if callable(ok) else True
+
+
 class IngestCounters:
     """Thread-safe counters behind ``assaywatch_spans_received_total`` and
     ``assaywatch_spans_rejected_total`` (and the other "every limit has a counter" ones).

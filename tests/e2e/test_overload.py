@@ -520,5 +520,6 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
             f"accepted, capacity {capacity:.0f}/s) using {flood_cpu:.2f} cores, while the "
             f"load generator used {lg_cores:.2f} cores and its {FLOOD_CONNS} connections "
             f"waited for answers {waiting:.0%} of the time ({idle_cores:.2f} of "
-            f"{os.cpu_count()} cores idle): the monitor bounds the ratio, its receivers "
-            "reading and decoding every request before the pipeline refuses it")
+            f"{os.cpu_count()} cores idle): the monitor bounds the ratio, one Python "
+            "process that still reads every refused request's body from its socket and "
+            "serves every connection under the interpreter lock")

@@ -63,7 +63,14 @@ from assaywatch.monitor.receivers.otlp.logs_delivery import (
     deliver_logs,
     logs_response,
 )
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink, sink_capacity
+from assaywatch.monitor.receivers.spans import (
+    PIPELINE_FULL_UNREAD,
+    IngestCounters,
+    SpanSink,
+    sink_accepting,
+    sink_capacity,
+    sink_refusal_reason,
+)
 
 __all__ = ["GRPC_RECEIVER", "GrpcReceiver", "LOGS_SERVICE_NAME", "SERVICE_NAME"]
 
@@ -298,6 +305,9 @@ class GrpcReceiver:
     def _handle_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
         """LogsService/Export: evaluation records to the sink, other records counted."""
         self._check_size(data, context, self.counters.add_logs_rejected)
+        if not sink_accepting(self.sink):  # known full: refuse before decoding
+            self.counters.add_logs_rejected(GRPC_RECEIVER, PIPELINE_FULL_UNREAD, 1)
+            self._refuse_full(context, 1, "request")
         try:
             result = decode_proto_logs(data, self.limits,
                                        max_records=self.max_spans_per_request,
@@ -312,6 +322,9 @@ class GrpcReceiver:
 
     def _handle(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
         self._check_size(data, context, self.counters.add_rejected)
+        if not sink_accepting(self.sink):  # known full: refuse before decoding
+            self.counters.add_rejected(GRPC_RECEIVER, PIPELINE_FULL_UNREAD, 1)
+            self._refuse_full(context, 1, "request")
         try:
             result = decode_proto_request(data, self.limits, max_spans=self._max_spans(),
                                           max_elements=self.max_request_elements)
@@ -327,7 +340,8 @@ class GrpcReceiver:
         if result.spans:
             accepted = self.sink.offer(result.spans, GRPC_RECEIVER)
             if not accepted:
-                self.counters.add_rejected(GRPC_RECEIVER, "pipeline_full", len(result.spans))
+                self.counters.add_rejected(GRPC_RECEIVER, sink_refusal_reason(self.sink),
+                                           len(result.spans))
                 self._refuse_full(context, len(result.spans), "spans")
             self.counters.add_received(GRPC_RECEIVER, len(result.spans))
         response = ExportTraceServiceResponse()

@@ -42,7 +42,14 @@ from assaywatch.monitor.receivers.otlp.logs_delivery import (
     check_capacity,
     deliver_logs,
 )
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanSink, sink_capacity
+from assaywatch.monitor.receivers.spans import (
+    PIPELINE_FULL_UNREAD,
+    IngestCounters,
+    SpanSink,
+    sink_accepting,
+    sink_capacity,
+    sink_refusal_reason,
+)
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_DECODES",
@@ -209,6 +216,8 @@ class OtlpEndpoint:
                 close=True,
                 logs=logs,
             )
+        if not sink_accepting(self.sink):
+            return self._refuse_unread(body, headers, ctype, logs)
         # The wire body is read first, outside the decode slots, so a client dripping it
         # slowly holds no slot; its bytes come from the receiver's budget until decoded.
         taken = Reservation(self._budget)
@@ -227,6 +236,10 @@ class OtlpEndpoint:
                 return self._busy(ctype, "decoder_busy",
                                   f"assaywatch is decoding {self.max_concurrent_decodes} "
                                   f"requests already; retry after {self.retry_after_s}s",
+                                  logs=logs)
+            if not sink_accepting(self.sink):  # filled while this one waited for a slot
+                self._decodes.release()
+                return self._busy(ctype, PIPELINE_FULL_UNREAD, self._full_message(),
                                   logs=logs)
             try:
                 return self._decode(raw, headers, ctype, logs)
@@ -305,6 +318,33 @@ class OtlpEndpoint:
         return HttpAnswer(200, ctype, response_body(ctype, result.rejected_count,
                                                     result.error_message, logs=True))
 
+    def _full_message(self) -> str:
+        return f"assaywatch pipeline is full; retry after {self.retry_after_s}s"
+
+    def _refuse_unread(self, body: ByteStream, headers: Mapping[str, str], ctype: str,
+                       logs: bool) -> HttpAnswer:
+        """503 + ``Retry-After`` for a request that arrives while the pipeline is known
+        full, without decoding it: a body of known length within the limit is read and
+        dropped in small chunks (the connection is kept), any other is left unread and
+        the connection closed. Counted once per request (:data:`PIPELINE_FULL_UNREAD`)."""
+        answer = self._busy(ctype, PIPELINE_FULL_UNREAD, self._full_message(), logs=logs)
+        length = (headers.get("content-length") or "").strip()
+        if headers.get("transfer-encoding") or not length.isdigit() \
+                or int(length) > self.max_body_bytes:
+            answer.close = True
+            return answer
+        left = int(length)
+        try:
+            while left > 0:
+                chunk = body.read(min(left, 1 << 16))
+                if not chunk:
+                    answer.close = True
+                    break
+                left -= len(chunk)
+        except OSError:
+            answer.close = True
+        return answer
+
     def _busy(self, ctype: str, reason: str, message: str, n: int = 1,
               logs: bool = False) -> HttpAnswer:
         self._count(reason, n, logs)
@@ -327,7 +367,7 @@ class OtlpEndpoint:
         if result.spans:
             if not self.sink.offer(result.spans, HTTP_RECEIVER):
                 n = len(result.spans)
-                return self._busy(ctype, "pipeline_full",
+                return self._busy(ctype, sink_refusal_reason(self.sink),
                                   f"assaywatch pipeline is full; retry after "
                                   f"{self.retry_after_s}s ({n} spans not accepted)", n)
             self.counters.add_received(HTTP_RECEIVER, len(result.spans))

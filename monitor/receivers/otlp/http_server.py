@@ -80,6 +80,9 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
     which refuses requests once its :class:`HardenedHTTPServer` is stopping."""
 
     protocol_version = "HTTP/1.1"
+    #: TCP_NODELAY: an answer is written as headers then body, and with Nagle's algorithm
+    #: the body waited for the client's delayed ACK, ~40 ms per keep-alive answer
+    disable_nagle_algorithm = True
     #: Seconds of silence after which a socket read fails.
     timeout = 30.0
     #: Seconds a whole request (line, headers, body) may take to arrive.

@@ -24,6 +24,7 @@ from assaywatch.monitor.receivers.spans import (
     IngestCounters,
     SpanSink,
     sink_capacity,
+    sink_refusal_reason,
 )
 
 __all__ = ["PIPELINE_FULL", "check_capacity", "deliver_logs", "logs_response"]
@@ -71,7 +72,7 @@ def deliver_logs(result: LogsDecodeResult, sink: SpanSink, counters: IngestCount
         counters.add_sanitised(receiver, reason, n)
     if result.spans:
         if not sink.offer(result.spans, receiver):
-            counters.add_logs_rejected(receiver, PIPELINE_FULL, len(result.spans))
+            counters.add_logs_rejected(receiver, sink_refusal_reason(sink), len(result.spans))
             return False
         counters.add_logs_received(receiver, EVALUATION_EVENT, len(result.spans))
     if result.other:
