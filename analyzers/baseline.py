@@ -45,6 +45,7 @@ from assaywatch.analyzers.coverage import (
     CoverageTracker,
     coverage_from_counts,
 )
+from assaywatch.analyzers.detectors.label import MAX_LABELS, OTHER, LabelSummary
 from assaywatch.analyzers.detectors.score import ScoreSummary
 from assaywatch.analyzers.fingerprint import N_FIXED, feature_names, fingerprint
 from assaywatch.analyzers.model import (
@@ -105,6 +106,10 @@ class Baseline:
     evaluators:
         Evaluator name -> summary of its graded scores (``detectors/score.py``); in the
         JSON only when there is one, so baselines without evaluations keep their id.
+    labels:
+        Evaluator name -> counts of its categorical labels (``detectors/label.py``), for
+        evaluators that label runs without scoring them; in the JSON only when there is
+        one.
     baseline_id:
         16 hex chars of the SHA-256 of the canonical JSON content.
     """
@@ -131,6 +136,7 @@ class Baseline:
     last_start_ns: int | None = None
     source: str = ""
     evaluators: dict[str, ScoreSummary] = field(default_factory=dict)
+    labels: dict[str, LabelSummary] = field(default_factory=dict)
     baseline_id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -214,6 +220,8 @@ class Baseline:
             "source": self.source,
             **({"evaluators": {k: v.to_dict() for k, v in sorted(self.evaluators.items())}}
                if self.evaluators else {}),
+            **({"labels": {k: v.to_dict() for k, v in sorted(self.labels.items())}}
+               if self.labels else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,6 +276,8 @@ class Baseline:
                 source=str(d.get("source", "")),
                 evaluators={str(k): ScoreSummary.from_dict(v)
                             for k, v in dict(d.get("evaluators") or {}).items()},
+                labels={str(k): LabelSummary.from_dict(v)
+                        for k, v in dict(d.get("labels") or {}).items()},
             )
         except KeyError as exc:
             raise ValueError(
@@ -341,6 +351,8 @@ class BaselineBuilder:
         self._last: int | None = None
         #: evaluator -> its scores (the first MAX_SCORES)
         self._scores: dict[str, list[float]] = {}
+        #: evaluator -> counts of its labels (evaluations without a score)
+        self._labels: dict[str, Counter[str]] = {}
 
     @property
     def n_runs(self) -> int:
@@ -379,6 +391,21 @@ class BaselineBuilder:
         self._last = run.start_ns if self._last is None else max(self._last, run.start_ns)
         for name, score in run.scores.items():
             self.add_score(name, score)
+        for name, label in run.labels.items():
+            self.add_label(name, label)
+
+    def add_label(self, evaluator: str, label: str) -> None:
+        """Fold one categorical label of ``evaluator`` (on the trace, or arrived late);
+        the summary keeps at most ``label.MAX_LABELS`` categories."""
+        counts = self._labels.get(evaluator)
+        if counts is None:
+            if len(self._labels) >= MAX_EVALUATORS:
+                return
+            counts = self._labels[evaluator] = Counter()
+        if label in counts or len(counts) < 4 * MAX_LABELS:
+            counts[label] += 1
+        else:
+            counts[OTHER] += 1
 
     def add_score(self, evaluator: str, score: float) -> None:
         """Fold one graded score of ``evaluator`` (on the trace, or arrived late)."""
@@ -429,6 +456,9 @@ class BaselineBuilder:
             source=self.source,
             evaluators={name: ScoreSummary.from_scores(vals)
                         for name, vals in self._scores.items() if len(vals) >= 2},
+            # an evaluator that scores is monitored by its scores, not by its labels
+            labels={name: LabelSummary(dict(counts)) for name, counts in self._labels.items()
+                    if name not in self._scores and sum(counts.values()) >= 2},
         )
 
 

@@ -151,6 +151,10 @@ class Run:
         (``gen_ai.evaluation.name``; :data:`UNNAMED_EVALUATOR` when absent; the mean when
         one evaluator scored the run twice). Late ones (OTLP log events after the run
         closed) reach the engine separately.
+    labels:
+        Categorical evaluation labels recorded on the trace, by evaluator, for evaluations
+        that carry a label and no score (``gen_ai.evaluation.score.label``; the last one
+        when an evaluator labelled the run twice).
     attributes:
         Small, bounded, content-free run attributes kept for trace-first checks
         (for example ``assaywatch.relation`` marks of metamorphic pairs).
@@ -169,6 +173,7 @@ class Run:
     evaluation_score: float | None = None
     attributes: dict[str, str] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

@@ -71,6 +71,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -111,6 +112,9 @@ class BaselineData:
     feature_names: Sequence[str] | None = None
     #: the baseline's evaluators (graded scores), for the score detectors' thresholds
     evaluators: Mapping[str, ScoreSummary] = field(default_factory=dict)
+    #: the baseline's labelling evaluators (categorical labels, ``detectors/label.py``);
+    #: an evaluator in ``evaluators`` too is monitored by its scores
+    labels: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,8 @@ class Thresholds:
     confidence: float = math.nan
     #: detector -> why it has no threshold for this baseline
     disabled: Mapping[str, str] = field(default_factory=dict)
-    #: evaluator -> the threshold (nats) of its score detector (``score_threshold``)
+    #: evaluator -> the threshold (nats) of its score detector (``score_threshold``) or of
+    #: its label detector (``label.label_threshold``)
     scores: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -331,17 +336,32 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
         h_fp, level = _fingerprint(data, settings, shares["cusum_fingerprint"] / total,
                                    conf, rng)
     h_scores: dict[str, float] = {}
-    if "evaluation" in shares and data.evaluators:
-        share_each = shares["evaluation"] / total / len(data.evaluators)
-        det_conf = 1.0 - (1.0 - settings.confidence) / max(
-            1, len(shares) - 1 + len(data.evaluators))
+    labels = evaluator_labels(data.evaluators, data.labels)
+    n_eval = len(data.evaluators) + len(labels)
+    if "evaluation" in shares and n_eval:
+        from assaywatch.analyzers.detectors.label import LABEL_REPS, label_threshold
+
+        share_each = shares["evaluation"] / total / n_eval
+        det_conf = 1.0 - (1.0 - settings.confidence) / max(1, len(shares) - 1 + n_eval)
         rng_s = np.random.default_rng([seed, 1])
         for name, summary in sorted(data.evaluators.items()):
             if summary.n >= 2:
                 h_scores[name] = score_threshold(summary, settings.score_shift,
                                                  settings.arl0 / share_each, det_conf,
                                                  max(SCORE_REPS, settings.reps), rng_s)
+        rng_l = np.random.default_rng([seed, 2])
+        for name, lab in sorted(labels.items()):
+            h_scores[name] = label_threshold(lab, settings.score_shift,
+                                             settings.arl0 / share_each, det_conf,
+                                             max(LABEL_REPS, settings.reps), rng_l)
     return Thresholds(h_pass, h_fp, p0_pass, level, conf, disabled, h_scores)
+
+
+def evaluator_labels(evaluators: Mapping[str, Any], labels: Mapping[str, Any]
+                     ) -> dict[str, Any]:
+    """The label summaries monitored: those of evaluators that do not score (an evaluator
+    with scores is monitored by them) with at least 2 labels."""
+    return {k: v for k, v in labels.items() if k not in evaluators and v.n >= 2}
 
 
 #: Bootstrap baselines of a score threshold at least: its quantile near 0.97 from 40 draws

@@ -69,9 +69,11 @@ from assaywatch.analyzers.detectors.bootstrap import (
     BaselineData,
     CalibrationSettings,
     Thresholds,
+    evaluator_labels,
 )
+from assaywatch.analyzers.detectors.label import LabelShiftCUSUM, LabelSummary
 from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
-from assaywatch.analyzers.detectors.score import ScoreDropCUSUM
+from assaywatch.analyzers.detectors.score import ScoreDropCUSUM, ScoreSummary
 from assaywatch.analyzers.fingerprint import feature_names, fingerprint
 from assaywatch.analyzers.hotelling import hotelling_two_sample
 from assaywatch.analyzers.model import MAX_EVALUATORS, Outcome, Run, StreamKey, Verdict
@@ -244,6 +246,8 @@ class Engine:
             st.first_run_id = run.run_id
         for name, score in run.scores.items():
             self._count_score(st, name, score)
+        for name, label in run.labels.items():
+            self._count_score(st, name, label)
         if st.calibrating:
             if len(st.pending_runs) < self.calibration_buffer_runs:
                 st.pending_runs.append((run, st.n_runs))
@@ -267,12 +271,14 @@ class Engine:
         if st is None:
             self.dropped["evaluation_without_stream"] += 1
             return []
+        # (a checkpoint from before labels were kept has LateEvaluations without them)
+        labels: dict[str, str] = getattr(late, "labels", None) or {}
         base = st.baseline
         if (base is not None and st.baseline_origin == "learned" and late.start_ns
                 and base.last_start_ns is not None and late.start_ns <= base.last_start_ns):
             # a run the baseline learned from, judged after the freeze: neither baseline
             # (frozen) nor candidate (it would dilute a change with in-control scores)
-            self.dropped["evaluation_of_learning_run"] += len(late.scores)
+            self.dropped["evaluation_of_learning_run"] += len(late.scores) + len(labels)
             return []
         events: list[AlarmEvent] = []
         verdict = judge_evaluation(late.evaluation, self.score_threshold)
@@ -284,7 +290,8 @@ class Engine:
             if held is not None:
                 events.extend(self._raise(st, self._outcome(st, verdict), late.run_id,
                                           held[1], None))
-        for name, score in late.scores.items():
+        values: list[tuple[str, float | str]] = [*late.scores.items(), *labels.items()]
+        for name, score in values:
             if not self._count_score(st, name, score):
                 continue
             if st.calibrating:
@@ -294,7 +301,10 @@ class Engine:
                     self.dropped["calibration_buffer"] += 1
             elif st.baseline is None:
                 assert st.builder is not None
-                st.builder.add_score(name, score)
+                if isinstance(score, str):
+                    st.builder.add_label(name, score)
+                else:
+                    st.builder.add_score(name, score)
             else:
                 events.extend(self._raise(st, self._score(st, name, score), late.run_id,
                                           0, None))
@@ -465,7 +475,8 @@ class Engine:
             score_shift=self.score_shift)
         data = BaselineData(mean=base.mean, cov=base.cov, n_runs=max(2, base.n_runs),
                             passes=base.passes, fails=base.fails, sample=sample,
-                            feature_names=base.feature_names, evaluators=base.evaluators)
+                            feature_names=base.feature_names, evaluators=base.evaluators,
+                            labels=base.labels)
         # A learned baseline and one given samples are calibrated on their runs: a later
         # stream on the same baseline id without runs (a new version) reuses that result.
         key = self._known_key(base.baseline_id, settings) if source == "gaussian" else None
@@ -680,20 +691,23 @@ class Engine:
         return fired
 
     def _build_score_detectors(self, st: StreamState, base: Baseline) -> None:
-        """One score detector per evaluator of the baseline, each with an equal part of
-        the ``evaluation`` share of the budget (``detectors/score.py``)."""
+        """One detector per evaluator of the baseline (its scores' drop,
+        ``detectors/score.py``, or its labels' shift, ``detectors/label.py``), each with an
+        equal part of the ``evaluation`` share of the budget."""
         cfg = self.config
         for ev in st.evaluators.values():
             ev.detector = None
             ev.disabled = ("not in the baseline (first scored after it froze); "
                            "re-baseline the stream to monitor it")
-        if EVALUATION not in cfg.detectors or not base.evaluators:
+        labels = evaluator_labels(base.evaluators, base.labels)
+        signals: dict[str, ScoreSummary | LabelSummary] = {**base.evaluators, **labels}
+        if EVALUATION not in cfg.detectors or not signals:
             return
-        share = self._share(EVALUATION, base) / len(base.evaluators)
-        n_alarming = len(self._shares(base)) - 1 + len(base.evaluators)
+        share = self._share(EVALUATION, base) / len(signals)
+        n_alarming = len(self._shares(base)) - 1 + len(signals)
         confidence = 1.0 - (1.0 - cfg.arl0_confidence) / max(1, n_alarming)
         calibrated = getattr(st.thresholds, "scores", None) or {}
-        for name, summary in base.evaluators.items():
+        for name, summary in signals.items():
             ev = st.evaluators.get(name)
             if ev is None:
                 ev = st.evaluators[name] = EvaluatorState(name)
@@ -702,14 +716,21 @@ class Engine:
                 ev.disabled = "no share of the false-alarm budget (alarm_shares.evaluation)"
                 continue
             try:
-                ev.detector = ScoreDropCUSUM(summary, shift=self.score_shift,
-                                             arl0=cfg.arl0 / share, confidence=confidence,
-                                             h=calibrated.get(name))
+                if isinstance(summary, LabelSummary):
+                    ev.detector = LabelShiftCUSUM(summary, shift=self.score_shift,
+                                                  arl0=cfg.arl0 / share,
+                                                  confidence=confidence,
+                                                  h=calibrated.get(name))
+                else:
+                    ev.detector = ScoreDropCUSUM(summary, shift=self.score_shift,
+                                                 arl0=cfg.arl0 / share,
+                                                 confidence=confidence,
+                                                 h=calibrated.get(name))
             except ValueError as exc:
                 ev.disabled = str(exc)
                 logger.warning("%s: evaluator %s not monitored: %s", st.key, name, exc)
 
-    def _count_score(self, st: StreamState, name: str, score: float) -> bool:
+    def _count_score(self, st: StreamState, name: str, score: float | str) -> bool:
         ev = st.evaluators.get(name)
         if ev is None:
             if len(st.evaluators) >= MAX_EVALUATORS:
@@ -720,12 +741,13 @@ class Engine:
                 ev.disabled = ("not in the baseline (first scored after it froze); "
                                "re-baseline the stream to monitor it")
         ev.count += 1
-        ev.recent.append(score)
+        if not isinstance(score, str):  # a label has no mean
+            ev.recent.append(score)
         return True
 
-    def _score(self, st: StreamState, name: str, score: float
+    def _score(self, st: StreamState, name: str, score: float | str
                ) -> list[tuple[str, dict[str, Any]]]:
-        """Feed one score to its evaluator's detector; the firing, if any."""
+        """Feed one score (or label) to its evaluator's detector; the firing, if any."""
         ev = st.evaluators.get(name)
         det = ev.detector if ev is not None else None
         if det is None:
@@ -742,7 +764,7 @@ class Engine:
                   if k in cfg.detectors and v > 0}
         if not base.passes + base.fails:
             shares.pop("cusum_pass_rate", None)
-        if not base.evaluators:
+        if not base.evaluators and not evaluator_labels(base.evaluators, base.labels):
             shares.pop(EVALUATION, None)
         return shares
 
@@ -806,6 +828,8 @@ class Engine:
             self._recommend(st, base, window)
         for name, score in run.scores.items():
             fired.extend(self._score(st, name, score))
+        for name, label in run.labels.items():
+            fired.extend(self._score(st, name, label))
         return self._raise(st, fired, run.run_id, run.end_ns,
                            st.n_runs if stream_run is None else stream_run)
 
@@ -931,6 +955,8 @@ def _moved(detector: str, evidence: Any) -> list[str]:
     if detector == "cusum_pass_rate":
         return ["pass_rate"]
     if detector == EVALUATION:
+        if "category" in evidence:  # a label shift: the category that gained
+            return [f"{evidence.get('evaluator', '')} label {evidence['category']}"]
         return [f"{evidence.get('evaluator', '')} score"]
     moved = evidence.get("moved") or {}
     if isinstance(moved, dict):

@@ -143,8 +143,9 @@ class StreamState:
     held: OrderedDict[str, tuple[Outcome, int]] = field(default_factory=OrderedDict)
     #: evaluator name -> its signal (at most ``MAX_EVALUATORS``)
     evaluators: dict[str, EvaluatorState] = field(default_factory=dict)
-    #: while calibrating: late scores (evaluator, score, run id, time) fed after the runs
-    pending_scores: deque[tuple[str, float, str, int]] = field(default_factory=deque)
+    #: while calibrating: late scores or labels (evaluator, value, run id, time) fed
+    #: after the runs
+    pending_scores: deque[tuple[str, float | str, str, int]] = field(default_factory=deque)
     #: when the stream's latest run was processed, by the engine's ``idle_clock`` (Unix
     #: ns: the run's end time in a replay, the wall clock in the monitor): idle expiry
     #: and the stream limit go by it

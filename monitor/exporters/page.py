@@ -96,11 +96,16 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
 def _evaluator(ev: Any, base: Any) -> dict[str, Any]:
     """One evaluator of a stream: its scores, its baseline and its detector's state."""
     summary = base.evaluators.get(ev.name) if base is not None else None
+    labels = getattr(base, "labels", {}).get(ev.name) if base is not None else None
     det = ev.detector
+    baseline: dict[str, Any] | None = None
+    if summary is not None:
+        baseline = {"n": summary.n, "mean": summary.mean, "scale": [summary.lo, summary.hi]}
+    elif labels is not None:  # a labelling evaluator: its label counts
+        baseline = {"n": labels.n, "labels": dict(labels.counts)}
     return {"name": ev.name, "scores": ev.count, "recent_mean": ev.recent_mean,
             "recent_n": len(ev.recent),
-            "baseline": None if summary is None else {
-                "n": summary.n, "mean": summary.mean, "scale": [summary.lo, summary.hi]},
+            "baseline": baseline,
             "monitored": det is not None, "not_monitored_because": ev.disabled or None,
             "statistic": None if det is None else det.statistic,
             "threshold": None if det is None else det.h}
@@ -109,7 +114,13 @@ def _evaluator(ev: Any, base: Any) -> dict[str, Any]:
 def _fmt_evaluator(e: Mapping[str, Any]) -> str:
     recent = "-" if e["recent_mean"] is None else f"{e['recent_mean']:.3f}"
     b = e["baseline"]
-    base = "no baseline" if b is None else f"baseline {b['mean']:.3f} of {b['n']}"
+    if b is None:
+        base = "no baseline"
+    elif "labels" in b:
+        top = sorted(b["labels"].items(), key=lambda kv: -kv[1])[:3]
+        base = "baseline labels " + ", ".join(f"{k} {v}" for k, v in top) + f" of {b['n']}"
+    else:
+        base = f"baseline {b['mean']:.3f} of {b['n']}"
     state = "monitored" if e["monitored"] else f"not monitored: {e['not_monitored_because']}"
     return f"{e['name']}: recent {recent} ({e['recent_n']}), {base}, {state}"
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from assaywatch.analyzers.model import Run, StreamKey
 from assaywatch.monitor.pipeline.outcome import Evaluation
-from assaywatch.monitor.pipeline.runs import scores_of
+from assaywatch.monitor.pipeline.runs import labels_of, scores_of
 
 #: Late evaluations held for :meth:`EvaluationJoin.take_late` at most.
 MAX_LATE_PENDING = 100_000
@@ -56,6 +56,8 @@ class LateEvaluation:
     #: the run's start (Unix ns): tells the engine whether the run was one its baseline
     #: learned from
     start_ns: int = 0
+    #: the evaluator's label by name, for an evaluation with a label and no score
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ class EvaluationJoin:
             self._late.pop(0)
             self.counts["late_not_taken"] += 1
         self._late.append(LateEvaluation(target.run_id, target.key, ev, scores_of([ev]),
-                                         target.start_ns))
+                                         target.start_ns, labels_of([ev])))
         return True
 
     def closed(self, trace_id: str, runs: Sequence[Run], now: float) -> None:

@@ -413,6 +413,7 @@ def _make_run(trace_id: str, parts: _RunParts, nodes: dict[str, Node],
                                     None),
               attributes=attributes)
     run.scores = scores_of(evaluations)
+    run.labels = labels_of(evaluations)
     run.outcome, attributes[REASON_KEY] = decide_outcome(run, evaluations, rules,
                                                          score_threshold)
     return run
@@ -430,6 +431,25 @@ def scores_of(evaluations: Iterable[Evaluation]) -> dict[str, float]:
             continue
         sums.setdefault(name, []).append(ev.score)
     return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+#: Longest label kept (longer ones are cut): labels are categories, not text.
+MAX_LABEL_CHARS = 64
+
+
+def labels_of(evaluations: Iterable[Evaluation]) -> dict[str, str]:
+    """Categorical labels by evaluator, of evaluations that carry a label and no score
+    (an evaluator that scores is monitored by its scores): the last label of each, at
+    most :data:`MAX_EVALUATORS` evaluators, labels cut to :data:`MAX_LABEL_CHARS`."""
+    out: dict[str, str] = {}
+    for ev in evaluations:
+        if ev.score is not None or not ev.label:
+            continue
+        name = (ev.name or UNNAMED_EVALUATOR)[:MAX_EVALUATOR_NAME]
+        if name not in out and len(out) >= MAX_EVALUATORS:
+            continue
+        out[name] = ev.label[:MAX_LABEL_CHARS]
+    return out
 
 
 #: Key attributes answered by the run's first model call when its root does not carry them.

@@ -70,6 +70,10 @@ def encode_run(run: Run) -> bytes:
         "models": list(run.models), "start": run.start_ns, "end": run.end_ns,
         "err": int(run.error), "score": run.evaluation_score,
         "attrs": run.attributes, "steps": [_step(s) for s in run.steps],
+        # the evaluators' scores and labels on the trace (optional keys: records written
+        # before they were carried read as none)
+        **({"scores": run.scores} if run.scores else {}),
+        **({"labels": run.labels} if run.labels else {}),
     }
     return json.dumps(doc, separators=(",", ":"), allow_nan=False,
                       ensure_ascii=False).encode()
@@ -93,7 +97,9 @@ def decode_run(data: bytes) -> Run:
                    steps=steps, output_length=doc["out_len"], outcome=Outcome(doc["outcome"]),
                    models=tuple(doc["models"]), start_ns=doc["start"], end_ns=doc["end"],
                    error=bool(doc["err"]), evaluation_score=doc["score"],
-                   attributes=dict(doc["attrs"]))
+                   attributes=dict(doc["attrs"]),
+                   scores={str(k): float(v) for k, v in dict(doc.get("scores", {})).items()},
+                   labels={str(k): str(v) for k, v in dict(doc.get("labels", {})).items()})
     except RecordError:
         raise
     except (ValueError, KeyError, TypeError) as exc:

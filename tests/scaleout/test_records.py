@@ -32,6 +32,10 @@ def test_run_record_round_trip_is_exact() -> None:
         assert decode_run(data) == run  # every field, floats bit for bit
         doc = json.loads(data)
         assert doc["v"] == 1
+    # the evaluators' scores and labels travel too (the detectors monitor them)
+    judged = dataclasses.replace(runs[0], scores={"helpfulness": 0.8125},
+                                 labels={"safety": "unsafe"})
+    assert decode_run(encode_run(judged)) == judged
     # compact: a run of a few steps is a few hundred bytes
     sizes = sorted(len(encode_run(r)) for r in runs)
     assert sizes[len(sizes) // 2] < 2000, sizes[len(sizes) // 2]
