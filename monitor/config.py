@@ -141,7 +141,8 @@ class EvaluationsConfig:
         "(outcome waiting_limit).")
     min_drop: float = _opt(
         0.1, "Drop of an evaluator's mean score, as a fraction of its scale (0.1 = 0.1 on "
-        "a 0-1 score, 0.4 on a 1-5 rubric), its detector is tuned for.")
+        "a 0-1 score, 0.4 on a 1-5 rubric), its detector is tuned for; for an evaluator "
+        "that only labels runs, the probability one label gains.")
 
     def __post_init__(self) -> None:
         if not self.join_window_seconds >= 0 or self.max_closed_runs < 1 or \
