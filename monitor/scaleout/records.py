@@ -23,7 +23,9 @@ written to the state topic's partition of the same number): a header line of JSO
 partition, ``next_offset``) and the pickled :class:`PartitionState`. Pickle, like the single
 monitor's SQLite checkpoint (``service/state.py``): the detectors are our own classes over
 numpy arrays, written and read only by the detector workers; the topic must be writable only
-by them (Kafka ACLs).
+by them (Kafka ACLs). It is read by the allow-listed unpickler (``service/safe_pickle.py``):
+a record naming anything but the state's own classes, containers and arrays is refused, not
+run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.model import Action, Outcome, Run, Step, StreamKey
 from assaywatch.monitor.engine.streams import AlarmEvent, StreamState
+from assaywatch.monitor.service import safe_pickle
 
 RUN_SCHEMA = 1
 STATE_SCHEMA = 1
@@ -168,7 +171,7 @@ def decode_state(data: bytes) -> PartitionState:
         v = meta.get("v") if isinstance(meta, dict) else None
         raise RecordError(f"checkpoint schema {v!r}; this version reads {STATE_SCHEMA}")
     try:
-        state = pickle.loads(body)
+        state = safe_pickle.loads(body)
     except Exception as exc:
         raise RecordError(f"checkpoint unreadable ({type(exc).__name__})") from None
     if not isinstance(state, PartitionState):

@@ -14,7 +14,9 @@ state dir, a database copied from elsewhere, a key that others can read or write
 refused: :class:`StateError`, exit 3, files left as they are. The other items are JSON.
 This protects against a file planted by someone who can write the state dir but cannot
 read ``state.key``; the state dir must be writable only by the monitor's user
-(README "Durability").
+(README "Durability"). Behind the MAC, the pickled items are read by an allow-listed
+unpickler (``safe_pickle.py``): a checkpoint can only rebuild the engine's own state
+classes, containers and numpy arrays, never call anything else, even with a leaked key.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import stat
 import threading
 from pathlib import Path
 from typing import Any
+
+from assaywatch.monitor.service import safe_pickle
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +183,8 @@ class StateStore:
         out: dict[str, Any] = {}
         for name, value in items:
             try:
-                out[name] = pickle.loads(value) if name in PICKLED else json.loads(value)
+                out[name] = safe_pickle.loads(value) if name in PICKLED \
+                    else json.loads(value)
             except Exception as exc:
                 raise self._unusable(f"checkpoint item {name!r} is unreadable "
                                      f"({type(exc).__name__})") from None

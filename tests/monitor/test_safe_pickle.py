@@ -1,0 +1,92 @@
+"""The checkpoint is read by an allow-listed unpickler (service/safe_pickle.py): the engine's
+real state round-trips and resumes exactly, while a checkpoint naming anything else (a
+shell command, eval, the CLI, a class that touches files) is refused before it runs, even
+when its MAC is valid (a leaked key), and the monitor's StateStore says so (exit 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from assaywatch.analyzers.model import StreamKey
+from assaywatch.monitor.config import DetectorConfig
+from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.service import safe_pickle
+from assaywatch.monitor.service.state import StateError, StateStore
+from tests.analyzers.simagent import simulate_runs
+
+KEY = StreamKey("support-agent", "1.0", "refund")
+TOOLS = {"search": 0.5, "lookup": 0.3, "calc": 0.2}
+
+
+def test_the_engines_state_round_trips_and_resumes_with_the_same_alarms() -> None:
+    rng = np.random.default_rng(5)
+    runs = simulate_runs(300, rng, key=KEY, tool_weights=TOOLS)
+    runs += simulate_runs(300, rng, key=KEY, tool_weights=TOOLS, pass_rate=0.6)
+    runs = [dataclasses.replace(r, scores={"helpfulness": float(rng.uniform(0.5, 1))},
+                                labels={"safety": str(rng.choice(["safe", "unsafe"]))})
+            for r in runs]
+    cfg = DetectorConfig(learn_runs=200, hotelling_window=50, hotelling_every=10)
+    whole = Engine(cfg)
+    expected = [(e.detector, e.run_index) for r in runs for e in whole.process(r)]
+    assert expected
+    first = Engine(cfg)
+    got = [(e.detector, e.run_index) for r in runs[:350] for e in first.process(r)]
+    data = pickle.dumps(first.checkpoint_state(), protocol=pickle.HIGHEST_PROTOCOL)
+    resumed = Engine(cfg)
+    resumed.restore_state(safe_pickle.loads(data))
+    got += [(e.detector, e.run_index) for r in runs[350:] for e in resumed.process(r)]
+    assert got == expected
+
+
+class _Call:
+    """Pickles as a call of ``fn(*args)``: what a crafted checkpoint does."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.fn, self.args
+
+
+def test_names_outside_the_allow_list_are_refused_before_they_run(tmp_path: Path) -> None:
+    from assaywatch.monitor.commands.cli import main
+
+    marker = tmp_path / "ran"
+    crafted = [
+        _Call(os.system, f"touch {marker}"),
+        _Call(eval, f"open({str(marker)!r}, 'w')"),
+        _Call(main, ["--help"]),
+        _Call(StateStore, str(marker)),  # a monitor class that creates directories
+    ]
+    for gadget in crafted:
+        data = pickle.dumps({"streams": [gadget]}, protocol=pickle.HIGHEST_PROTOCOL)
+        with pytest.raises(safe_pickle.UnsafeState):
+            safe_pickle.loads(data)
+    assert not marker.exists()
+    # names reached through an analyzers module are only its own classes
+    assert safe_pickle.allowed("assaywatch.analyzers.baseline", "Baseline")
+    assert not safe_pickle.allowed("assaywatch.analyzers.baseline", "np")
+    assert not safe_pickle.allowed("assaywatch.analyzers.baseline", "Counter")
+    assert not safe_pickle.allowed("assaywatch.analyzers.baseline", "build_baseline")
+    assert not safe_pickle.allowed("assaywatch.analyzers.baseline",
+                                   "Baseline.from_dict")
+
+
+def test_a_checkpoint_with_a_valid_mac_but_a_gadget_is_refused(tmp_path: Path) -> None:
+    """A leaked ``state.key`` lets someone write a checkpoint the MAC accepts; the gadget
+    in it still never runs, the monitor refuses the state (exit 3) and leaves it."""
+    marker = tmp_path / "ran"
+    store = StateStore(tmp_path / "state")
+    store.save({"engine": _Call(os.system, f"touch {marker}"), "counters": {"a": 1}})
+    before = (tmp_path / "state" / "state.sqlite").read_bytes()
+    with pytest.raises(StateError, match="unreadable"):
+        StateStore(tmp_path / "state").load()
+    assert not marker.exists()
+    assert (tmp_path / "state" / "state.sqlite").read_bytes() == before
