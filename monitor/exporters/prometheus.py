@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -42,6 +43,8 @@ KEY_LABELS = ["agent", "version", "scenario"]
 COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
 VERDICT_TESTS = ("pass_rate", "fingerprint", "sprt")
 RECEIVERS = ("otlp_grpc", "otlp_http")
+#: Scrape intervals below this are not planned for (bursts of scrapes by hand)
+MIN_SCRAPE_INTERVAL_S = 0.5
 STREAM_REMOVALS = ("idle", "replaced", "deleted")
 
 logger = logging.getLogger(__name__)
@@ -192,13 +195,15 @@ class MonitorCollector(Collector):
     Two ways to serve it:
 
     * **render mode** (the monitor's ``/metrics``: :meth:`start`, then
-      :meth:`stream_exposition`). A background thread takes and renders snapshots on
-      demand; a scrape asks for one and waits at most ``scrape_wait_s`` for it, else it
-      answers with the newest rendered snapshot (the thread finishes the one asked for,
-      so the next scrape finds it). A scrape's time is therefore bounded by
-      ``scrape_wait_s`` plus sending the bytes, however busy the pipeline or the CPU:
-      at 1,000 streams a snapshot is ~70,000 samples, and formatting them took seconds
-      of a contended GIL while ingestion was at full speed.
+      :meth:`stream_exposition`). A background thread takes and renders snapshots. It
+      learns the scrapes' cadence and takes each snapshot just before the next scrape is
+      due (1.5 times the last snapshot's duration ahead), so a scrape finds one younger
+      than ``max_age_s`` and answers at once. Otherwise (the first scrapes, an irregular
+      scraper) a scrape asks for one and waits at most ``scrape_wait_s``, else it answers
+      with the newest rendered snapshot. A scrape's time is therefore bounded by
+      ``scrape_wait_s`` plus sending the bytes, however busy the pipeline or the CPU: at
+      1,000 streams a snapshot is ~70,000 samples, and formatting them took seconds of a
+      contended GIL while ingestion was at full speed.
     * **collect mode** (no thread: a registry, tests, tools): ``collect`` refreshes
       synchronously, waiting at most ``scrape_wait_s`` for the lock, and yields the
       stream families as ``Metric`` objects.
@@ -212,7 +217,8 @@ class MonitorCollector(Collector):
                  lock: threading.Lock | threading.RLock | None = None,
                  pending: Callable[[], int] | None = None,
                  scrape_wait_s: float = 0.5, refresh_wait_s: float = 2.0,
-                 joins: Callable[[], dict[str, int]] | None = None) -> None:
+                 joins: Callable[[], dict[str, int]] | None = None,
+                 max_age_s: float = 2.0) -> None:
         if not (scrape_wait_s >= 0 and refresh_wait_s >= 0):
             raise ValueError("MonitorCollector: scrape_wait_s and refresh_wait_s must be >= 0 "
                              f"seconds, got {scrape_wait_s!r}, {refresh_wait_s!r}")
@@ -226,6 +232,11 @@ class MonitorCollector(Collector):
         self.refresh_wait_s = refresh_wait_s
         self._snapshot: _Snapshot | None = None
         self._seq = 0
+        #: served as is when younger (render mode)
+        self.max_age_s = max_age_s
+        #: when the last scrapes came, and how long the last snapshot took
+        self._scrapes: deque[float] = deque(maxlen=6)
+        self._snapshot_s = 0.0
         self._labels = _LabelText()
         self._refreshing = threading.Lock()  # one refresh at a time: snapshots only advance
         self._taken = threading.Condition()  # notified when a snapshot is stored
@@ -243,6 +254,7 @@ class MonitorCollector(Collector):
         if not self._refreshing.acquire(timeout=wait_s):
             return False  # another refresh is running: its snapshot will do
         try:
+            started = time.monotonic()
             if not self.lock.acquire(timeout=wait_s):
                 return False
             try:
@@ -254,6 +266,7 @@ class MonitorCollector(Collector):
             snap = _Snapshot(self._seq + 1, time.monotonic(), rows, dropped, joins)
             if self._thread is not None:
                 snap.text = rows.render(self._labels)
+                self._snapshot_s = time.monotonic() - started
             with self._taken:
                 self._seq = snap.seq
                 self._snapshot = snap
@@ -283,9 +296,13 @@ class MonitorCollector(Collector):
 
     def _refresh_loop(self) -> None:
         while not self._stop.is_set():
-            self._wanted.wait()
+            wait = self._until_due()
+            # asked by a scrape, or due before the next one; re-planned every second
+            asked = self._wanted.wait(1.0 if wait is None else min(wait, 1.0))
             if self._stop.is_set():
                 return
+            if not asked and (wait is None or wait > 1.0):
+                continue
             self._wanted.clear()  # asked again meanwhile: one more snapshot after this
             try:
                 if not self.refresh(self.refresh_wait_s):
@@ -293,6 +310,22 @@ class MonitorCollector(Collector):
             except Exception:  # never let a bad stream stop the metrics
                 logger.exception("metrics snapshot failed")
                 self._stop.wait(1.0)
+
+    def _until_due(self) -> float | None:
+        """Seconds until a snapshot should be taken so that it is ready when the next
+        scrape comes (the scrapes' median interval after the last one, less 1.5 times the
+        last snapshot's duration and 0.2 s); None (wait to be asked) before two scrapes.
+        When the snapshot for the next scrape is taken already, the one after it."""
+        times = list(self._scrapes)
+        if len(times) < 2:
+            return None
+        gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+        interval = max(gaps[len(gaps) // 2], MIN_SCRAPE_INTERVAL_S)
+        due = times[-1] + interval - (1.5 * self._snapshot_s + 0.2)
+        snap = self._snapshot
+        if snap is not None and snap.taken >= due:
+            due += interval
+        return max(0.0, due - time.monotonic())
 
     def stream_exposition(self) -> bytes:
         """Render mode: the stream families as text, from a snapshot taken for this scrape
@@ -302,10 +335,15 @@ class MonitorCollector(Collector):
         if self._thread is None:
             self.refresh(self.scrape_wait_s)
         else:
-            asked = self._seq
-            self._wanted.set()
-            with self._taken:
-                self._taken.wait_for(lambda: self._seq > asked, timeout=self.scrape_wait_s)
+            now = time.monotonic()
+            self._scrapes.append(now)
+            snap = self._snapshot
+            if snap is None or now - snap.taken > self.max_age_s:
+                asked = self._seq
+                self._wanted.set()
+                with self._taken:
+                    self._taken.wait_for(lambda: self._seq > asked,
+                                         timeout=self.scrape_wait_s)
         snap = self._snapshot
         if snap is None:
             return b""

@@ -6,6 +6,7 @@ is in (learning, calibrating, monitoring) and the calibration backlog is exporte
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -152,3 +153,34 @@ def test_streams_say_learning_calibrating_monitoring_and_the_backlog_is_exported
     assert phase() == ({"learning": 0, "calibrating": 0, "monitoring": 1}, 0)
     assert _samples(col.stream_exposition().decode())[
         ("assaywatch_baseline_runs", labels)] == 40
+
+
+def test_snapshots_are_taken_ahead_of_regular_scrapes() -> None:
+    """With a snapshot that takes 0.4 s and scrapes every second, the collector learns the
+    cadence and takes each snapshot before the scrape comes: later scrapes answer at once
+    with a snapshot taken after the previous scrape (never older than max_age_s)."""
+    engine = _engine([StreamKey("a", "1", "s")])
+    col = MonitorCollector(engine, IngestCounters(), scrape_wait_s=0.05, max_age_s=0.9)
+    slow = col._gather
+
+    def gather():  # type: ignore[no-untyped-def]
+        time.sleep(0.4)
+        return slow()
+
+    col._gather = gather  # type: ignore[method-assign]
+    col.start()
+    try:
+        served: list[tuple[float, float, float]] = []  # (asked at, took, snapshot age)
+        for _ in range(7):
+            t0 = time.monotonic()
+            col.stream_exposition()
+            took = time.monotonic() - t0
+            snap = col._snapshot  # None for the first scrape: 0.4 s > scrape_wait_s
+            served.append((t0, took, math.inf if snap is None else t0 + took - snap.taken))
+            time.sleep(max(0.0, 1.0 - took))
+        # without planning, every other scrape would find the snapshot asked for by the
+        # one before it 1.6 s old (> max_age_s) and serve it after waiting
+        for _, took, age in served[3:]:
+            assert took < 0.2 and age < 0.8, served
+    finally:
+        col.stop()
