@@ -247,6 +247,8 @@ def main() -> None:
               f"{1e3 * r['scrape_median']:10.0f} ms {1e3 * r['scrape_p99']:4.0f} ms "
               f"{1e3 * r['scrape_max']:4.0f} ms")
     for name, r in rows:
+        print(f"{name}: median window while freezing {r['freeze_median']:,.0f} runs/s "
+              f"({100 * r['freeze_median'] / r['steady']:.0f}% of the steady median)")
         print(f"{name}: steady phase's own lowest window {r['steady_min']:,.0f} runs/s "
               f"({100 * r['steady_min'] / r['steady']:.0f}% of its median: the noise floor "
               "of a lowest-window figure)")
