@@ -95,7 +95,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from assaywatch.analyzers.detectors.bootstrap import _adjustment, cusum_arl
+from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl
 
 __all__ = ["LABEL_ARL_MARGIN", "MAX_LABELS", "OTHER", "LabelShiftCUSUM", "LabelSummary",
            "label_threshold"]

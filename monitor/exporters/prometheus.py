@@ -311,6 +311,21 @@ class MonitorCollector(Collector):
                 logger.exception("metrics snapshot failed")
                 self._stop.wait(1.0)
 
+    def stream_metrics(self) -> list[Metric]:
+        """The stream families now, as ``Metric`` objects (read under the lock; for tools
+        and tests comparing engines)."""
+        with self.lock:
+            rows = self._gather()
+        return rows.metrics()
+
+    def invalidate(self) -> None:
+        """The state changed by a request (a re-baseline, a deletion): the next scrape
+        asks for a new snapshot instead of serving one up to ``max_age_s`` old."""
+        with self._taken:
+            snap = self._snapshot
+            if snap is not None:
+                snap.taken = -math.inf
+
     def _until_due(self) -> float | None:
         """Seconds until a snapshot should be taken so that it is ready when the next
         scrape comes (the scrapes' median interval after the last one, less 1.5 times the

@@ -445,5 +445,7 @@ class _Handler(DeadlineRequestHandler):
         events = getattr(mon, "events", None)
         if events is not None and ok:
             events.append(record)
+        if ok:
+            self.server_ref.collector.invalidate()
         body = json.dumps({"stream": key.as_labels(), done: ok}).encode()
         self._send(200 if ok else 404, body, "application/json")

@@ -85,6 +85,17 @@ class EngineGroup:
             total.update(eng.dropped)
         return total
 
+    @property
+    def removed(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for eng in list(self._engines.values()):
+            total.update(eng.removed)
+        return total
+
+    @property
+    def calibration_backlog(self) -> int:
+        return sum(eng.calibration_backlog for eng in list(self._engines.values()))
+
     def streams(self) -> list[StreamState]:
         return [st for eng in list(self._engines.values()) for st in eng.streams()]
 
@@ -98,6 +109,10 @@ class EngineGroup:
     def rebaseline(self, key: StreamKey) -> bool:
         """Not over Kafka: a re-baseline must be an input every replay sees, and a POST to
         one worker is not. Rebuild the baseline offline and restart with it instead."""
+        return False
+
+    def delete_stream(self, key: StreamKey) -> bool:
+        """Not over Kafka either, for the same reason (idle expiry still applies)."""
         return False
 
 
