@@ -78,19 +78,19 @@ class EngineGroup:
         self.config = config
         self._engines = engines
 
-    @property
-    def dropped(self) -> Counter[str]:
+    def _total(self, counts: str) -> Counter[str]:
         total: Counter[str] = Counter()
         for eng in list(self._engines.values()):
-            total.update(eng.dropped)
+            total.update(getattr(eng, counts))
         return total
 
     @property
+    def dropped(self) -> Counter[str]:
+        return self._total("dropped")
+
+    @property
     def removed(self) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for eng in list(self._engines.values()):
-            total.update(eng.removed)
-        return total
+        return self._total("removed")
 
     @property
     def calibration_backlog(self) -> int:
