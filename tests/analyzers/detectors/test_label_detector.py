@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -69,23 +69,31 @@ def tables(dets: Sequence[LabelShiftCUSUM], labels: Sequence[str]) -> F64:
     return out
 
 
-def incontrol_rate(tab: F64, h: F64, probs: F64, streams: int, steps: int,
-                   rng: np.random.Generator) -> F64:
-    """Alarms per label for each baseline (``streams`` streams of ``steps`` labels, the
-    detector restarted after an alarm: a renewal process whose rate is 1 / ARL0)."""
+def _alarms(tab: F64, h: F64, probs: F64, streams: int, rng: np.random.Generator
+            ) -> Iterator[np.ndarray]:
+    """Label after label drawn from ``probs``, which of the ``streams`` copies of each
+    detector (rows of ``tab``, thresholds ``h``) alarm; an alarming copy restarts."""
     t = np.repeat(tab, streams, axis=0)
     n = t.shape[0]
     w = np.zeros(t.shape[:2])
     hh = np.repeat(h, streams)
     rows = np.arange(n)
     cdf = np.cumsum(probs)
-    alarms = np.zeros(n)
-    for _ in range(steps):
+    while True:
         x = np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), probs.size - 1)
         w = np.maximum(0.0, w + t[rows, :, x])
         hit = w.max(axis=1) >= hh
-        alarms += hit
         w[hit] = 0.0
+        yield hit
+
+
+def incontrol_rate(tab: F64, h: F64, probs: F64, streams: int, steps: int,
+                   rng: np.random.Generator) -> F64:
+    """Alarms per label for each baseline (``streams`` streams of ``steps`` labels, the
+    detector restarted after an alarm: a renewal process whose rate is 1 / ARL0)."""
+    alarms = np.zeros(tab.shape[0] * streams)
+    for _, hit in zip(range(steps), _alarms(tab, h, probs, streams, rng), strict=False):
+        alarms += hit
     rate: F64 = alarms.reshape(-1, streams).sum(axis=1) / (streams * steps)
     return rate
 
@@ -94,20 +102,13 @@ def first_alarms(tab: F64, h: F64, probs: F64, streams: int, rng: np.random.Gene
                  cap: int = 5_000) -> F64:
     """Zero-start run lengths (labels up to and including the alarm), ``streams`` per
     detector, censored at ``cap``."""
-    t = np.repeat(tab, streams, axis=0)
-    n = t.shape[0]
-    w = np.zeros(t.shape[:2])
-    hh = np.repeat(h, streams)
-    rows = np.arange(n)
-    cdf = np.cumsum(probs)
-    out = np.full(n, float(cap))
-    open_ = np.ones(n, dtype=bool)
-    for step in range(1, cap + 1):
-        x = np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), probs.size - 1)
-        w = np.maximum(0.0, w + t[rows, :, x])
-        hit = open_ & (w.max(axis=1) >= hh)
-        out[hit] = step
-        open_ &= ~hit
+    out = np.full(tab.shape[0] * streams, float(cap))
+    open_ = np.ones(out.size, dtype=bool)
+    for step, hit in zip(range(1, cap + 1), _alarms(tab, h, probs, streams, rng),
+                         strict=False):
+        first = open_ & hit
+        out[first] = step
+        open_ &= ~first
         if not open_.any():
             break
     return out
