@@ -64,19 +64,6 @@ def test_health_readiness_and_status_page(monitor: Monitor) -> None:
     assert _get(monitor, "/readyz")[0] == 503
 
 
-@pytest.fixture
-def stateful(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitor]:
-    monkeypatch.delenv("ASSAYWATCH_API_TOKEN", raising=False)
-    monkeypatch.delenv("ASSAYWATCH_ALLOWED_HOSTS", raising=False)
-    cfg = MonitorConfig.from_mapping({
-        "listen": {"otlp_grpc": "", "otlp_http": "", "metrics": "127.0.0.1:0"},
-        "detectors": {"learn_runs": 50}, "state_dir": str(tmp_path / "state")})
-    mon = Monitor(cfg)
-    mon.start()
-    yield mon
-    mon.stop()
-
-
 def _post(mon: Monitor, body: object, headers: dict[str, str] | None = None,
           raw: bytes | None = None) -> tuple[int, dict[str, object]]:
     data = raw if raw is not None else json.dumps(body).encode()

@@ -11,7 +11,6 @@ import json
 import pickle
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 from assaywatch.analyzers.model import Run, StreamKey
 from assaywatch.monitor.commands.cli import main
-from assaywatch.monitor.config import DetectorConfig, MonitorConfig
+from assaywatch.monitor.config import DetectorConfig
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.service.monitor import Monitor
 from tests.analyzers.simagent import simulate_runs
@@ -108,19 +107,6 @@ def test_removals_survive_a_checkpoint() -> None:
     # the restored order is by activity: b, the only stream, expires after 60 idle s
     _feed(again, _runs(C, [200.0], seed=5))
     assert again.stream(B) is None and again.removed == {"idle": 2}
-
-
-@pytest.fixture
-def stateful(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitor]:
-    monkeypatch.delenv("ASSAYWATCH_API_TOKEN", raising=False)
-    monkeypatch.delenv("ASSAYWATCH_ALLOWED_HOSTS", raising=False)
-    cfg = MonitorConfig.from_mapping({
-        "listen": {"otlp_grpc": "", "otlp_http": "", "metrics": "127.0.0.1:0"},
-        "detectors": {"learn_runs": 20}, "state_dir": str(tmp_path / "state")})
-    mon = Monitor(cfg)
-    mon.start()
-    yield mon
-    mon.stop()
 
 
 def _delete(mon: Monitor, key: StreamKey, token: str | None) -> int:
