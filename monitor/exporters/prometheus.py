@@ -40,6 +40,7 @@ from assaywatch.monitor.receivers.spans import (
 )
 
 KEY_LABELS = ["agent", "version", "scenario"]
+_KEY_NAMES = tuple(KEY_LABELS)
 COVERAGE_DIMENSIONS = ("tool", "path", "state", "boundary", "model", "overall")
 VERDICT_TESTS = ("pass_rate", "fingerprint", "sprt")
 RECEIVERS = ("otlp_grpc", "otlp_http")
@@ -122,9 +123,9 @@ class _Rows:
             out.append(f"# HELP {sample} {doc}\n# TYPE {sample} {fam.kind}\n")
             extra_names = fam.labels[3:] if fam.keyed else fam.labels
             for key, extra, value in fam.rows:
-                text = labels.key(key) if key else ""
+                text = labels.text(_KEY_NAMES, key) if key else ""
                 if extra:
-                    more = labels.extra(extra_names, extra)
+                    more = labels.text(extra_names, extra)
                     text = f"{text},{more}" if text else more
                 v = str(value) if type(value) is int else floatToGoString(value)
                 out.append(f"{sample}{{{text}}} {v}\n" if text else f"{sample} {v}\n")
@@ -142,30 +143,20 @@ def _label_value(v: str) -> str:
 
 
 class _LabelText:
-    """Rendered label texts by stream key and by extra label values, kept across
+    """Rendered label texts (``name="value",...``) by label names and values, kept across
     snapshots (cleared past ``LIMIT`` entries: a stream turnover never grows it)."""
 
     LIMIT = 200_000
 
     def __init__(self) -> None:
-        self._keys: dict[Key, str] = {}
-        self._extra: dict[tuple[Key, Key], str] = {}
+        self._texts: dict[tuple[Key, Key], str] = {}
 
-    def key(self, key: Key) -> str:
-        text = self._keys.get(key)
+    def text(self, names: Key, values: Key) -> str:
+        text = self._texts.get((names, values))
         if text is None:
-            if len(self._keys) >= self.LIMIT:
-                self._keys.clear()
-            text = self._keys[key] = ",".join(
-                f'{n}="{_label_value(v)}"' for n, v in zip(KEY_LABELS, key, strict=True))
-        return text
-
-    def extra(self, names: Key, values: Key) -> str:
-        text = self._extra.get((names, values))
-        if text is None:
-            if len(self._extra) >= self.LIMIT:
-                self._extra.clear()
-            text = self._extra[(names, values)] = ",".join(
+            if len(self._texts) >= self.LIMIT:
+                self._texts.clear()
+            text = self._texts[(names, values)] = ",".join(
                 f'{n}="{_label_value(v)}"' for n, v in zip(names, values, strict=True))
         return text
 
