@@ -228,9 +228,9 @@ class AccessPolicy:
         return None
 
 
-#: State-changing endpoints: path -> (event logged, answer field).
-_ACTIONS = {"/api/rebaseline": ("rebaseline", "rebaselined"),
-            "/api/streams/delete": ("stream_deleted", "deleted")}
+#: State-changing endpoints: path -> (event logged, answer field, engine method).
+_ACTIONS = {"/api/rebaseline": ("rebaseline", "rebaselined", "rebaseline"),
+            "/api/streams/delete": ("stream_deleted", "deleted", "delete_stream")}
 
 
 class _RepairedRegistry:
@@ -434,10 +434,9 @@ class _Handler(DeadlineRequestHandler):
             return
         key = StreamKey(fields["agent"], fields["version"], fields["scenario"])
         mon = self.server_ref.monitor
-        event, done = action
+        event, done, method = action
         with mon.pipeline.lock:
-            engine = mon.engine
-            ok = engine.rebaseline(key) if event == "rebaseline" else engine.delete_stream(key)
+            ok = bool(getattr(mon.engine, method)(key))
         remote = self.client_address[0]
         record = state_change(event, {**key.as_labels(), done: ok}, token, remote)
         logger.warning("%s of %s by token %s from %s: %s", event, key,

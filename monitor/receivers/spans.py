@@ -113,8 +113,9 @@ def sink_capacity(sink: object) -> int | None:
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
-#: Reason counted for a request refused before it was read, the pipeline being known full
-#: (``sink_accepting``): one per request, its spans never decoded.
+#: Reason counted for a request refused before it was decoded, the pipeline being known
+#: full (``sink_accepting``): one per request, its spans never decoded (its body read and
+#: dropped at most).
 PIPELINE_FULL_UNREAD = "pipeline_full_unread"
 
 
