@@ -379,8 +379,8 @@ class Engine:
     def _forget_calibration(self, st: StreamState) -> None:
         if st.calibrating and st.calibration_job is not None:
             waiting = self._waiting.get(st.calibration_job.key)
-            if waiting is not None and st in waiting:
-                waiting.remove(st)
+            if waiting is not None:  # by identity: StreamState's == compares every field
+                waiting[:] = [w for w in waiting if w is not st]
 
     # -- internals -------------------------------------------------------------------
     def _new_stream(self, key: StreamKey, learn: bool = False) -> StreamState:
