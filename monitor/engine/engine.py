@@ -55,7 +55,7 @@ import threading
 import time
 import zlib
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -215,6 +215,22 @@ class Engine:
 
     def stream(self, key: StreamKey) -> StreamState | None:
         return self._streams.get(key)
+
+    def partition_state(self) -> tuple[dict[StreamKey, StreamState],
+                                       dict[tuple[str, str], Baseline]]:
+        """Copies of the streams and of the latest frozen baseline per (agent, scenario):
+        what a scale-out detector worker checkpoints for its partition (with
+        :attr:`dropped`); :meth:`load_streams` installs them."""
+        return dict(self._streams), dict(self._latest_frozen)
+
+    def load_streams(self, streams: Mapping[StreamKey, StreamState],
+                     latest_frozen: Mapping[tuple[str, str], Baseline],
+                     dropped: Mapping[str, int] | None = None) -> None:
+        """Install streams read from a checkpoint, least recently active first (the order
+        idle streams are replaced in), their latest frozen baselines and drop counts."""
+        self._streams.update(sorted(streams.items(), key=lambda kv: kv[1].last_seen_ns))
+        self._latest_frozen.update(latest_frozen)
+        self.dropped.update(dropped or {})
 
     @property
     def calibration_backlog(self) -> int:
@@ -590,10 +606,7 @@ class Engine:
         """Load :meth:`checkpoint_state` (a 3-tuple from before the thresholds were kept
         is accepted); a stream that was calibrating is calibrated again only when its
         thresholds are not in the restored cache."""
-        streams, latest, dropped = state[:3]
-        self._streams.update(sorted(streams.items(), key=lambda kv: kv[1].last_seen_ns))
-        self._latest_frozen.update(latest)
-        self.dropped.update(dropped)
+        self.load_streams(*state[:3])
         if len(state) > 3 and isinstance(state[3], ThresholdCache):
             for key, th in state[3].items():
                 self._thresholds.put(key, th)

@@ -269,9 +269,7 @@ class DetectorWorker:
                      stream_idle_seconds=self.config.limits.stream_idle_seconds,
                      replace_idle_seconds=self.config.limits.replace_idle_seconds,
                      idle_clock=time.time_ns)
-        eng._streams.update(state.streams)
-        eng._latest_frozen.update(state.latest_frozen)
-        eng.dropped.update(state.dropped)
+        eng.load_streams(state.streams, state.latest_frozen, state.dropped)
         self.parts[state.partition] = state
         self.engines[state.partition] = eng
 
@@ -370,8 +368,7 @@ class DetectorWorker:
 
     def _snapshot(self, p: int) -> PartitionState:
         state, eng = self.parts[p], self.engines[p]
-        state.streams = dict(eng._streams)
-        state.latest_frozen = dict(eng._latest_frozen)
+        state.streams, state.latest_frozen = eng.partition_state()
         state.dropped = Counter(eng.dropped)
         return state
 

@@ -275,8 +275,7 @@ def group_of(states: dict[int, PartitionState], cfg: MonitorConfig) -> EngineGro
     engines = {}
     for p, st in states.items():
         eng = Engine(cfg.detectors, max_streams=cfg.limits.max_streams)
-        eng._streams.update(st.streams)
-        eng._latest_frozen.update(st.latest_frozen)
+        eng.load_streams(st.streams, st.latest_frozen)
         engines[p] = eng
     return EngineGroup(cfg.detectors, engines)
 

@@ -78,8 +78,8 @@ def test_checkpoint_round_trip() -> None:
     eng = Engine(CONFIG.detectors)
     for run in recorded_runs()[:200]:
         eng.process(run)
-    st = PartitionState(3, next_offset=200, streams=dict(eng._streams),
-                        latest_frozen=dict(eng._latest_frozen))
+    streams, latest = eng.partition_state()
+    st = PartitionState(3, next_offset=200, streams=streams, latest_frozen=latest)
     back = decode_state(encode_state(st))
     assert (back.partition, back.next_offset) == (3, 200)
     assert {k: s.n_runs for k, s in back.streams.items()} == {
