@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, StateError) as exc:
         monitor.stop(save=False)
         raise UsageError(str(exc)) from None
+    from assaywatch.monitor.service import gc_policy
+
+    gc_policy.tune()  # a long-running process: see gc_policy
     print("assaywatch monitor listening " + " ".join(f"{k}={v}" for k, v in addresses.items()),
           flush=True)
     done = threading.Event()

@@ -338,6 +338,12 @@ class MonitorCollector(Collector):
         if it is ready within ``scrape_wait_s``, else from the newest one (empty before
         the first). Call it before ``generate_latest`` of the registry, whose ``collect``
         then reads the same snapshot's dropped and join counts."""
+        return self.stream_exposition_aged()[0]
+
+    def stream_exposition_aged(self) -> tuple[bytes, float | None]:
+        """:meth:`stream_exposition`, and the age in seconds of the snapshot it served
+        (None before the first): ``/metrics`` sends it as ``X-Assaywatch-Snapshot-Age``,
+        so a reader that differences counters over short windows can date them."""
         if self._thread is None:
             self.refresh(self.scrape_wait_s)
         else:
@@ -352,10 +358,10 @@ class MonitorCollector(Collector):
                                          timeout=self.scrape_wait_s)
         snap = self._snapshot
         if snap is None:
-            return b""
+            return b"", None
         if snap.text is None:  # taken in collect mode
             snap.text = snap.rows.render(self._labels)
-        return snap.text
+        return snap.text, max(0.0, time.monotonic() - snap.taken)
 
     # -- exposition -----------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:

@@ -324,22 +324,27 @@ class _Handler(DeadlineRequestHandler):
             # the client gave up (a scrape timeout): nothing to answer, nothing to log
             self.close_connection = True
 
-    def _metrics(self) -> bytes:
+    def _metrics(self) -> tuple[bytes, dict[str, str]]:
+        """The exposition, and its ``X-Assaywatch-Snapshot-Age`` header: seconds since the
+        stream families were read (the edge counters are read now)."""
         registry = self.server_ref.registry
         # the stream families first: the registry's collect then reads the same snapshot
-        streams = self.server_ref.collector.stream_exposition()
+        streams, age = self.server_ref.collector.stream_exposition_aged()
+        headers = {} if age is None else {"X-Assaywatch-Snapshot-Age": f"{age:.3f}"}
         try:
-            return generate_latest(registry) + streams
+            return generate_latest(registry) + streams, headers
         except UnicodeEncodeError:
             logger.warning("a metric label is not valid UTF-8; exposing it repaired")
-            return generate_latest(_RepairedRegistry(registry)) + streams  # type: ignore[arg-type]
+            return (generate_latest(_RepairedRegistry(registry))  # type: ignore[arg-type]
+                    + streams, headers)
 
     def do_GET(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
         srv = self.server_ref
         try:
             if path == "/metrics":
-                self._send(200, self._metrics(), CONTENT_TYPE_LATEST)
+                body, headers = self._metrics()
+                self._send(200, body, CONTENT_TYPE_LATEST, headers)
             elif path == "/healthz":
                 self._send(200, b"ok\n", "text/plain; charset=utf-8")
             elif path == "/readyz":

@@ -7,8 +7,10 @@ sending to the same streams afterwards. A scraper polls ``/metrics`` every secon
 each scrape and reading the runs counted and the streams whose detectors are built (an
 ``sprt_log_likelihood_ratio`` sample).
 
-Ingestion is the rate at which runs are counted, in 3 s windows. The steady rate is the
-median window once every stream is calibrated (all streams monitoring); the goal is that
+Ingestion is the rate at which runs are counted, in 3 s windows of the time each
+``/metrics`` snapshot was read (its answer's time less ``X-Assaywatch-Snapshot-Age``).
+The steady rate is the median window once every stream is calibrated (all streams
+monitoring), while the sender sends; the goal is that
 every window from the freeze until the last stream is calibrated stays >= 80% of it, the
 /metrics p99 over the whole run < 1 s, and every stream calibrated within the bound README
 states. Run twice: calibration in the worker process (the monitor as shipped) and inline
@@ -110,18 +112,21 @@ def _scrape_loop(url: str, out: Any, stop: Any) -> None:
         try:
             with urllib.request.urlopen(url, timeout=30) as r:
                 body = r.read()
+                age = float(r.headers.get("X-Assaywatch-Snapshot-Age") or 0.0)
         except OSError:
             stop.wait(0.2)
             continue
         dt = time.monotonic() - t0
         runs = sum(float(v) for v in _RUNS.findall(body))
-        out.put((t0 + dt, dt, runs, body.count(_CALIBRATED)))
+        # the runs counted are dated when the snapshot was read, not when it was served
+        out.put((t0 + dt, dt, runs, body.count(_CALIBRATED), t0 + dt - age))
         stop.wait(max(0.0, SCRAPE_EVERY - dt))
 
 
 class Scraper:
     """Polls ``/metrics`` every second from a separate process (Prometheus is not in the
-    sender's process either); ``samples`` are (time, latency, runs, calibrated)."""
+    sender's process either); ``samples`` are (time, latency, runs, calibrated, time the
+    snapshot was read: the answer's time less its ``X-Assaywatch-Snapshot-Age``)."""
 
     def __init__(self, url: str) -> None:
         ctx = mp.get_context("spawn")
@@ -129,13 +134,13 @@ class Scraper:
         self.stop = ctx.Event()
         self._proc = ctx.Process(target=_scrape_loop, args=(url, self._out, self.stop),
                                  daemon=True)
-        self._samples: list[tuple[float, float, float, int]] = []
+        self._samples: list[tuple[float, float, float, int, float]] = []
 
     def start(self) -> None:
         self._proc.start()
 
     @property
-    def samples(self) -> list[tuple[float, float, float, int]]:
+    def samples(self) -> list[tuple[float, float, float, int, float]]:
         while True:
             try:
                 self._samples.append(self._out.get_nowait())
@@ -169,6 +174,7 @@ def scenario(inline: bool, learn: list[bytes], after: list[bytes], steady: list[
             time.sleep(0.25)
         t_steady = time.monotonic()
         send_all(steady, send, 600)  # every stream monitoring: the steady rate
+        t_end = time.monotonic()
         total += len(steady) * RUNS_PER_REQUEST
         while time.monotonic() < deadline:
             s = scraper.samples[-1]
@@ -181,31 +187,35 @@ def scenario(inline: bool, learn: list[bytes], after: list[bytes], steady: list[
         code, err = mon.stop(timeout=60)
         if code != 0:
             raise RuntimeError(f"monitor exited with {code}: {err[-3000:]}")
-    return analyse(scraper.samples, len(learn) * RUNS_PER_REQUEST, t_sent, t_steady)
+    return analyse(scraper.samples, len(learn) * RUNS_PER_REQUEST, t_sent, t_steady, t_end)
 
 
-def analyse(samples: list[tuple[float, float, float, int]], learned: int,
-            t_sent: float, t_steady: float) -> dict[str, Any]:
-    t_freeze = next(t for t, _, runs, _ in samples if runs >= learned)
-    t_first = next(t for t, _, runs, _ in samples if runs > 0)
-    t_done = next((t for t, _, _, cal in samples if cal >= STREAMS), samples[-1][0])
-    # runs counted per WINDOW seconds, ending at each scrape
+def analyse(samples: list[tuple[float, float, float, int, float]], learned: int,
+            t_sent: float, t_steady: float, t_end: float) -> dict[str, Any]:
+    # phases by snapshot time too
+    t_freeze = next(t for _, _, runs, _, t in samples if runs >= learned)
+    t_first = next(t for _, _, runs, _, t in samples if runs > 0)
+    t_done = next((t for _, _, _, cal, t in samples if cal >= STREAMS), samples[-1][4])
+    # runs counted per WINDOW seconds of snapshot time (a snapshot served up to ~2 s
+    # after it was read, dated by the answer, would make a 3 s window's rate swing by
+    # up to 2/3 with no change in ingestion), ending at each scrape
+    data = sorted({(s[4], s[2]) for s in samples})
     windows: list[tuple[float, float]] = []
     i = 0
-    for j in range(len(samples)):
-        while i < j and samples[j][0] - samples[i + 1][0] >= WINDOW:
+    for j in range(len(data)):
+        while i < j and data[j][0] - data[i + 1][0] >= WINDOW:
             i += 1
-        if samples[j][0] - samples[i][0] >= WINDOW:
-            windows.append((samples[j][0], (samples[j][2] - samples[i][2])
-                            / (samples[j][0] - samples[i][0])))
-    # the steady phase: sent once every stream is calibrated (its first and last second
-    # left out: the sender starting, the last traces waiting for their grace time)
-    steady_w = [(t, r) for t, r in windows if t > t_steady + WINDOW]
-    steady = [r for t, r in steady_w[:-2]] or [r for _, r in steady_w]
+        if data[j][0] - data[i][0] >= WINDOW:
+            windows.append((data[j][0], (data[j][1] - data[i][1])
+                            / (data[j][0] - data[i][0])))
+    # the steady phase: sent once every stream is calibrated, windows wholly within the
+    # sending (not the sender starting, nor the tail after the last request, when the
+    # rate falls to nothing: the same bound as the freezing windows')
+    steady = [r for t, r in windows if t_steady + WINDOW <= t <= t_end]
     # while freezing: from the freeze until the last stream is calibrated, while sending
     freezing = [r for t, r in windows if t_freeze <= t <= min(t_done, t_sent)]
     learning = [r for t, r in windows if t_first + WINDOW < t < t_freeze]
-    lat = sorted(dt for _, dt, _, _ in samples)
+    lat = sorted(s[1] for s in samples)
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
     return {
         "steady": statistics.median(steady) if steady else float("nan"),
@@ -218,7 +228,7 @@ def analyse(samples: list[tuple[float, float, float, int]], learned: int,
         "scrape_p99": p99, "scrape_max": lat[-1], "scrape_median": lat[len(lat) // 2],
         "scrapes": float(len(lat)),
         # the three slowest scrapes: (seconds after the freeze, latency)
-        "slowest": sorted(((t - dt - t_freeze, dt) for t, dt, _, _ in samples),
+        "slowest": sorted(((t - dt - t_freeze, dt) for t, dt, _, _, _ in samples),
                           key=lambda x: -x[1])[:3],
     }
 

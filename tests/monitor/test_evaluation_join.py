@@ -7,7 +7,9 @@ exact. Expected values are counts a reader can tally from the scenario.
 
 from __future__ import annotations
 
+import gc
 import random
+from collections import OrderedDict
 
 import numpy as np
 from prometheus_client.core import CollectorRegistry
@@ -20,7 +22,7 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.exporters.page import status_page, stream_summary
 from assaywatch.monitor.exporters.prometheus import MonitorCollector
 from assaywatch.monitor.pipeline.assemble import Assembler
-from assaywatch.monitor.pipeline.join import LateEvaluation
+from assaywatch.monitor.pipeline.join import LateEvaluation, _RunDigest
 from assaywatch.monitor.pipeline.outcome import Evaluation
 from assaywatch.monitor.receivers.spans import (
     IngestCounters,
@@ -135,6 +137,51 @@ def test_in_a_trace_of_two_runs_the_evaluated_span_names_the_run() -> None:
     late = asm.take_evaluations()
     assert [x.run_id for x in late] == [second.run_id]
     assert dict(asm.join.counts) == {"late": 1, "unmatched": 1}
+
+
+def test_closed_runs_digests_are_not_walked_by_the_garbage_collector() -> None:
+    # Up to max_closed traces' digests live for the join window: as plain tuples of
+    # strings and ints the collector stops tracking them (a full collection never walks
+    # them); one and two runs per trace.
+    clock = Clock()
+    asm = _asm(clock)
+    f = SpanFactory(seed=5)
+    asm.add(_run_spans(3) + f.http_request([tool_agent(name="a"), tool_agent(name="b")],
+                                           "genai"))
+    clock.t = 2.0
+    assert len(asm.poll()) == 3
+    for _ in range(4):  # a tuple is untracked once its items are: a level per collection
+        gc.collect()
+    entries = list(asm.join._closed.values())
+    assert len(entries) == 2
+    assert not any(gc.is_tracked(e) for e in entries)
+
+
+def test_digests_of_a_checkpoint_written_before_they_were_tuples_still_join() -> None:
+    clock = Clock()
+    asm = _asm(clock)
+    a = _run_spans(3)
+    f_two = SpanFactory(seed=5).http_request([tool_agent(name="a"), tool_agent(name="b")],
+                                             "genai")
+    asm.add(a + f_two)
+    clock.t = 2.0
+    runs = asm.poll()
+    # the former form: a frozen dataclass per run, with its StreamKey and a frozenset
+    asm.join._closed = OrderedDict(
+        (tid, (t, tuple(_RunDigest(rid, StreamKey(ag, ver, sc),
+                                   None if ids is None else frozenset(ids), start)
+                        for rid, ag, ver, sc, ids, start in d)))
+        for tid, (t, d) in asm.join._closed.items())
+    asm.join.restamp(clock.t)
+    second = max((r for r in runs if r.trace_id == f_two[0].trace_id),
+                 key=lambda r: r.start_ns)
+    target = next(s for s in f_two if s.span_id == second.steps[1].span_id)
+    asm.add([_eval(_root(a), score=0.7), _eval(target, score=0.4)])
+    late = asm.take_evaluations()
+    first = next(r for r in runs if r.trace_id == a[0].trace_id)
+    assert [(x.run_id, x.key, x.scores) for x in late] == [
+        (first.run_id, first.key, {"helpfulness": 0.7}),
+        (second.run_id, second.key, {"helpfulness": 0.4})]
 
 
 def test_invalid_evaluations_and_limits_are_counted() -> None:

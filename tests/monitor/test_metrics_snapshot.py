@@ -173,10 +173,13 @@ def test_snapshots_are_taken_ahead_of_regular_scrapes() -> None:
         served: list[tuple[float, float, float]] = []  # (asked at, took, snapshot age)
         for _ in range(7):
             t0 = time.monotonic()
-            col.stream_exposition()
+            _, age = col.stream_exposition_aged()
             took = time.monotonic() - t0
             snap = col._snapshot  # None for the first scrape: 0.4 s > scrape_wait_s
-            served.append((t0, took, math.inf if snap is None else t0 + took - snap.taken))
+            served.append((t0, took, math.inf if age is None else age))
+            # the age served (the X-Assaywatch-Snapshot-Age header) is the snapshot's
+            assert (age is None) == (snap is None)
+            assert age is None or abs(age - (t0 + took - snap.taken)) < 0.05
             time.sleep(max(0.0, 1.0 - took))
         # without planning, every other scrape would find the snapshot asked for by the
         # one before it 1.6 s old (> max_age_s) and serve it after waiting

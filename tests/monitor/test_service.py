@@ -64,6 +64,22 @@ def test_health_readiness_and_status_page(monitor: Monitor) -> None:
     assert _get(monitor, "/readyz")[0] == 503
 
 
+def test_metrics_answers_say_how_old_their_stream_snapshot_is(monitor: Monitor) -> None:
+    # The stream families come from a snapshot at most max_age_s (2 s) old, or one asked
+    # for and waited on at most scrape_wait_s: the answer dates it for readers that
+    # difference counters over short windows. A run fed after the answer shows up only
+    # in a newer snapshot.
+    _feed(monitor, 60)
+    url = f"http://{monitor.addresses['metrics']}/metrics"
+    ages = []
+    for _ in range(3):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = r.read().decode()
+            ages.append(float(r.headers["X-Assaywatch-Snapshot-Age"]))
+        assert 'assaywatch_runs_total{agent="support-agent"' in body
+    assert all(0.0 <= a <= 2.5 for a in ages), ages
+
+
 def _post(mon: Monitor, body: object, headers: dict[str, str] | None = None,
           raw: bytes | None = None) -> tuple[int, dict[str, object]]:
     data = raw if raw is not None else json.dumps(body).encode()
