@@ -178,6 +178,9 @@ def _start(args: argparse.Namespace, worker: Any, what: str, stage: str) -> int:
             failure.append(exc)
             stop.set()
 
+    from assaywatch.monitor.service import gc_policy
+
+    gc_policy.tune()  # long-running, like the monitor: see gc_policy
     t = threading.Thread(target=_run, name=f"assaywatch-kafka-{stage}")
     t.start()
     worker.ready.wait(30)

@@ -9,7 +9,8 @@ each walking every long-lived object (streams, detectors, the evaluation join's 
 ``gc.callbacks``). ``bench_freeze`` saw ingestion fall to half its median in 3 s windows
 with no freeze at all.
 
-:func:`tune` (called once the monitor has started) therefore
+:func:`tune` (called once ``assaywatch monitor`` or a ``kafka assemble`` / ``kafka detect``
+worker has started) therefore
 
 * moves what exists at start (modules, functions, configuration, file baselines) into the
   permanent generation (``gc.freeze``), so no collection walks it again;
