@@ -321,7 +321,10 @@ class MonitorCollector(Collector):
         """Seconds until a snapshot should be taken so that it is ready when the next
         scrape comes (the scrapes' median interval after the last one, less 1.5 times the
         last snapshot's duration and 0.2 s); None (wait to be asked) before two scrapes.
-        When the snapshot for the next scrape is taken already, the one after it."""
+        When the snapshot for the next scrape is taken already, the one after it; when
+        that one is taken too, the scrapes have stopped: None, so a scraper that goes away
+        (Prometheus down, a benchmark done polling) leaves the pipeline lock alone instead
+        of being planned for over and over."""
         times = list(self._scrapes)
         if len(times) < 2:
             return None
@@ -331,6 +334,8 @@ class MonitorCollector(Collector):
         snap = self._snapshot
         if snap is not None and snap.taken >= due:
             due += interval
+            if snap.taken >= due:
+                return None
         return max(0.0, due - time.monotonic())
 
     def stream_exposition(self) -> bytes:
