@@ -318,8 +318,7 @@ class _Handler(DeadlineRequestHandler):
             if close:
                 self.send_header("Connection", "close")
                 self.close_connection = True
-            self.end_headers()
-            self.wfile.write(body)
+            self.end_headers_and_send(body)
         except OSError:
             # the client gave up (a scrape timeout): nothing to answer, nothing to log
             self.close_connection = True

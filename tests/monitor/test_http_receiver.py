@@ -61,6 +61,29 @@ def rpc_status(resp: requests.Response) -> status_pb2.Status:
     return status_pb2.Status.FromString(resp.content)
 
 
+def test_an_answer_goes_out_in_one_write(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # headers and body in one write: one system call and one wait for the interpreter
+    # lock (two writes also waited for the client's delayed ACK without TCP_NODELAY)
+    import socketserver
+
+    _, sink, _, url = server
+    writes: list[bytes] = []
+    real = socketserver._SocketWriter.write  # type: ignore[attr-defined]
+
+    def write(self: Any, b: Any) -> int:
+        writes.append(bytes(b))
+        return real(self, b)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(socketserver._SocketWriter, "write", write)  # type: ignore[attr-defined]
+    with requests.Session() as session:
+        for _ in range(2):  # a keep-alive connection: two answers, two writes
+            resp = session.post(url, data=proto_body(sdk_spans(1)), headers=PB, timeout=5)
+            assert resp.status_code == 200
+    assert len(writes) == 2
+    assert all(w.startswith(b"HTTP/1.1 200") and w.endswith(b"\r\n\r\n" + resp.content)
+               for w in writes)
+
+
 @pytest.mark.parametrize(
     "compression", [Compression.NoCompression, Compression.Gzip, Compression.Deflate]
 )

@@ -102,8 +102,7 @@ class _Handler(DeadlineRequestHandler):
             if answer.close:
                 self.send_header("Connection", "close")
                 self.close_connection = True
-            self.end_headers()
-            self.wfile.write(answer.body)
+            self.end_headers_and_send(answer.body)
         except OSError:  # the client went away; nothing to answer
             self.close_connection = True
 

@@ -152,12 +152,27 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
         finally:
             self._interim_answer = False
 
-    def end_headers(self) -> None:
+    def _say_closing(self) -> None:
         # an answer written once the stop began closes its connection, and says so
         if (not self._interim_answer and not self.close_connection
                 and getattr(self.server, "stopping", False)):
             self.send_header("Connection", "close")
+
+    def end_headers(self) -> None:
+        self._say_closing()
         super().end_headers()
+
+    def end_headers_and_send(self, body: bytes) -> None:
+        """:meth:`end_headers` and the body in one write: one system call, and one wait
+        for the interpreter lock after it instead of two (a busy pipeline thread keeps the
+        lock up to the switch interval, 5 ms, each time)."""
+        self._say_closing()
+        if self.request_version == "HTTP/0.9":
+            self.wfile.write(body)
+            return
+        self._headers_buffer.append(b"\r\n")  # type: ignore[attr-defined]
+        self._headers_buffer.append(body)  # type: ignore[attr-defined]
+        self.flush_headers()
 
     def _answer_stopping(self) -> None:
         server = self.server
