@@ -165,9 +165,12 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
     def end_headers_and_send(self, body: bytes) -> None:
         """:meth:`end_headers` and the body in one write: one system call, and one wait
         for the interpreter lock after it instead of two (a busy pipeline thread keeps the
-        lock up to the switch interval, 5 ms, each time)."""
+        lock up to the switch interval, 5 ms, each time). A body over
+        :data:`JOIN_MAX_BYTES` (a /metrics exposition) is written after the headers
+        instead of being copied behind them."""
         self._say_closing()
-        if self.request_version == "HTTP/0.9":
+        if self.request_version == "HTTP/0.9" or len(body) > JOIN_MAX_BYTES:
+            self.end_headers()
             self.wfile.write(body)
             return
         self._headers_buffer.append(b"\r\n")  # type: ignore[attr-defined]
@@ -190,6 +193,10 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
                 self.wfile.write(_STOPPING_BODY)
         except OSError:  # the client went away (or the stop's grace ran out)
             pass
+
+
+#: Largest answer body sent in the same write as the headers.
+JOIN_MAX_BYTES = 64 * 1024
 
 
 class HardenedHTTPServer(ThreadingHTTPServer):
