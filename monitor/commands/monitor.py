@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
     from assaywatch.monitor.service.state import StateError
 
     cfg = load_config(args)
+    from assaywatch.monitor.service import gc_policy
+
+    # a long-running process (see gc_policy); before the state is restored, so that
+    # streams read from a checkpoint stay within the collector's reach
+    gc_policy.tune()
     try:
         monitor = Monitor(cfg, load_baselines(cfg.baselines))
     except StateError as exc:
@@ -106,9 +111,6 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, StateError) as exc:
         monitor.stop(save=False)
         raise UsageError(str(exc)) from None
-    from assaywatch.monitor.service import gc_policy
-
-    gc_policy.tune()  # a long-running process: see gc_policy
     print("assaywatch monitor listening " + " ".join(f"{k}={v}" for k, v in addresses.items()),
           flush=True)
     done = threading.Event()

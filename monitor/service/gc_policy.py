@@ -9,11 +9,14 @@ each walking every long-lived object (streams, detectors, the evaluation join's 
 ``gc.callbacks``). ``bench_freeze`` saw ingestion fall to half its median in 3 s windows
 with no freeze at all.
 
-:func:`tune` (called once ``assaywatch monitor`` or a ``kafka assemble`` / ``kafka detect``
-worker has started) therefore
+:func:`tune` (called by ``assaywatch monitor`` and the ``kafka assemble`` / ``kafka detect``
+workers as they start) therefore
 
-* moves what exists at start (modules, functions, configuration, file baselines) into the
-  permanent generation (``gc.freeze``), so no collection walks it again;
+* moves what exists when it is called (the modules, functions and classes imported, the
+  configuration; it is called before any state is restored or received) into the
+  permanent generation (``gc.freeze``), so no collection walks it again. Frozen objects
+  are still freed by reference counting; only a cycle among them would stay, and these
+  live as long as the process anyway;
 * raises the youngest generation's threshold to :data:`GEN0` allocations and the others to
   :data:`GEN1` and :data:`GEN2` collections: a pending trace's objects die before their
   first collection instead of being promoted, and a full collection comes rarely.
