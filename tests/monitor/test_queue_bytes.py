@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import io
+import sys
 import threading
 import time
 import tracemalloc
@@ -19,8 +20,11 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
 from assaywatch.monitor.receivers.otlp.decode import DecodeLimits, decode_proto_request
 from assaywatch.monitor.receivers.otlp.http_endpoint import OtlpEndpoint
-from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import IngestCounters, SpanEvent, SpanRecord
 from assaywatch.monitor.service.pipeline import (
+    ATTR_BYTES,
+    EVENT_BYTES,
+    RECORD_BYTES,
     REFUSED_BYTES,
     REFUSED_SPANS,
     Pipeline,
@@ -231,3 +235,61 @@ def test_queue_max_bytes_is_validated() -> None:
     for bad in (0, 1000, True, "64MiB"):
         with pytest.raises(ConfigError, match="queue_max_bytes"):
             MonitorConfig.from_mapping({"ingest": {"queue_max_bytes": bad}})
+
+
+def _entry_bytes(v: object, depth: int = 0) -> int:
+    """The estimate's rule for one value, written out plainly: its getsizeof, plus its
+    items' (with their keys') when it is an array or a map."""
+    size = sys.getsizeof(v)
+    if isinstance(v, (tuple, dict)):
+        size += _items_bytes(v, depth)
+    return size
+
+
+def _items_bytes(v: tuple[object, ...] | dict[str, object], depth: int) -> int:
+    if depth > 8:  # deeper than 8 levels counts as 1 KiB
+        return 1024
+    items = v.items() if isinstance(v, dict) else ((None, x) for x in v)
+    return sum((ATTR_BYTES + len(k) if k is not None else 0) + _entry_bytes(x, depth + 1)
+               for k, x in items)
+
+
+def _reference_bytes(batch: list[SpanRecord]) -> int:
+    """The documented estimate, record by record (the per-span loop batch_bytes was)."""
+    size, resource = 64 + 8 * len(batch), None
+    for s in batch:
+        size += RECORD_BYTES + len(s.name) + len(s.status_message)
+        size += sum(ATTR_BYTES + len(k) + _entry_bytes(v) for k, v in s.attributes.items())
+        for e in s.events:
+            size += EVENT_BYTES + len(e.name) + sum(
+                ATTR_BYTES + len(k) + _entry_bytes(v) for k, v in e.attributes.items())
+        if s.resource is not resource:
+            resource = s.resource
+            size += 64 + sum(ATTR_BYTES + len(k) + _entry_bytes(v)
+                             for k, v in resource.items())
+    return size
+
+
+def test_the_batch_estimate_is_the_sum_of_its_records_estimates() -> None:
+    # scalar, string, array and map values, events, a resource shared by runs of records
+    # (A A B A: three runs, so A counts twice and B once), an empty batch
+    res_a = {"service.name": "agent-a", "host": "h1"}
+    deep: object = "leaf"
+    for _ in range(12):
+        deep = (deep,)
+    res_b = {"service.name": "agent-b", "tags": ("x", "y", {"k": (1, 2)}), "deep": deep}
+    batch = [
+        SpanRecord("0" * 32, "1" * 16, "", "root", 0, 1, attributes={"n": 3, "s": "hé"},
+                   resource=res_a),
+        SpanRecord("0" * 32, "2" * 16, "1" * 16, "llm", 0, 1, status_message="boom",
+                   attributes={"arr": (1.5, "two", (3,)), "map": {"a": {"b": "c"}}},
+                   events=[SpanEvent("exception", 5, {"exception.type": "ValueError"}),
+                           SpanEvent("x")],
+                   resource=res_a),
+        SpanRecord("0" * 32, "3" * 16, "1" * 16, "tool", 0, 1, resource=res_b),
+        SpanRecord("0" * 32, "4" * 16, "1" * 16, "tool", 0, 1, attributes={"ok": True},
+                   resource=res_a),
+    ]
+    assert batch_bytes(batch) == _reference_bytes(batch)
+    assert batch_bytes(batch[:1]) == _reference_bytes(batch[:1])
+    assert batch_bytes([]) == _reference_bytes([]) == 64
