@@ -490,9 +490,8 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
           f"(load ended {load_end - t_start:.0f} s in)")
 
     assert code == 0, stderr[-2000:]
-    # The flood overloaded the monitor: it refused a sizeable share of what was sent.
     refusals = codes["http_503"] + codes["grpc_UNAVAILABLE"]
-    assert refusals >= 0.1 * sum(codes.values()), "the senders did not overload the monitor"
+    refused_share = refusals / max(1, sum(codes.values()))
     assert hwm_mib <= RSS_BOUND_MIB
     allowed = {"http_200", "http_503", "grpc_OK", "grpc_UNAVAILABLE"}
     assert set(codes) <= allowed, codes
@@ -520,6 +519,11 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
             f"accepted, capacity {capacity:.0f}/s) using {flood_cpu:.2f} cores, while the "
             f"load generator used {lg_cores:.2f} cores and its {FLOOD_CONNS} connections "
             f"waited for answers {waiting:.0%} of the time ({idle_cores:.2f} of "
-            f"{os.cpu_count()} cores idle): the monitor bounds the ratio, one Python "
-            "process that still reads every refused request's body from its socket and "
-            "serves every connection under the interpreter lock")
+            f"{os.cpu_count()} cores idle), refusing {refused_share:.0%} of all answers: "
+            "the monitor bounds the ratio, one Python process that still reads every "
+            "refused request's body from its socket and serves every connection under the "
+            "interpreter lock")
+    # At ten times the capacity most of what is sent must be refused (below the target
+    # ratio the share depends on how often the queue was full: 8-37% in 4 runs, and the
+    # refusal path is checked above by every refusal carrying its retry hint).
+    assert refused_share >= 0.1, "the senders did not overload the monitor"
