@@ -307,22 +307,6 @@ class _Handler(DeadlineRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         logger.debug("status: " + format, *args)
 
-    def _send(self, code: int, body: bytes, ctype: str,
-              headers: dict[str, str] | None = None, close: bool = False) -> None:
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            if close:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers_and_send(body)
-        except OSError:
-            # the client gave up (a scrape timeout): nothing to answer, nothing to log
-            self.close_connection = True
-
     def _metrics(self) -> tuple[bytes, dict[str, str]]:
         """The exposition, and its ``X-Assaywatch-Snapshot-Age`` header: seconds since the
         stream families were read (the edge counters are read now)."""
@@ -343,40 +327,40 @@ class _Handler(DeadlineRequestHandler):
         try:
             if path == "/metrics":
                 body, headers = self._metrics()
-                self._send(200, body, CONTENT_TYPE_LATEST, headers)
+                self.send_answer(200, body, CONTENT_TYPE_LATEST, headers)
             elif path == "/healthz":
-                self._send(200, b"ok\n", "text/plain; charset=utf-8")
+                self.send_answer(200, b"ok\n", "text/plain; charset=utf-8")
             elif path == "/readyz":
                 ready = srv.monitor.ready.is_set()
-                self._send(200 if ready else 503, b"ready\n" if ready else b"starting\n",
-                           "text/plain; charset=utf-8")
+                self.send_answer(200 if ready else 503, b"ready\n" if ready else b"starting\n",
+                                 "text/plain; charset=utf-8")
             elif path == "/api/streams":
                 body = json.dumps({"streams": srv.summaries(),
                                    "addresses": srv.monitor.addresses}, default=str)
-                self._send(200, body.encode(), "application/json")
+                self.send_answer(200, body.encode(), "application/json")
             elif path == "/":
                 page = status_page(srv.summaries(), srv.monitor.addresses)
-                self._send(200, page.encode("utf-8", "replace"),
-                           "text/html; charset=utf-8")
+                self.send_answer(200, page.encode("utf-8", "replace"),
+                                 "text/html; charset=utf-8")
             else:
-                self._send(404, b"not found: try /, /metrics, /healthz, /readyz\n",
-                           "text/plain; charset=utf-8")
+                self.send_answer(404, b"not found: try /, /metrics, /healthz, /readyz\n",
+                                 "text/plain; charset=utf-8")
         except Exception:
             logger.exception("status request %s failed", path)
-            self._send(500, b"internal error\n", "text/plain; charset=utf-8")
+            self.send_answer(500, b"internal error\n", "text/plain; charset=utf-8")
 
     def _refuse(self, code: int, message: str, headers: dict[str, str] | None = None,
                 close: bool = True) -> None:
         logger.warning("refused %s %s from %s: %d %s", self.command, self.path,
                        self.client_address[0], code, message)
-        self._send(code, json.dumps({"error": message}).encode(), "application/json",
-                   headers, close=close)
+        self.send_answer(code, json.dumps({"error": message}).encode(), "application/json",
+                         headers, close=close)
 
     def do_POST(self) -> None:  # noqa: N802
         parts = urlsplit(self.path)
         action = _ACTIONS.get(parts.path)
         if action is None:
-            self._send(404, b"not found\n", "text/plain; charset=utf-8", close=True)
+            self.send_answer(404, b"not found\n", "text/plain; charset=utf-8", close=True)
             return
         policy = self.server_ref.policy
         host = self.headers.get("Host")
@@ -451,4 +435,4 @@ class _Handler(DeadlineRequestHandler):
         if ok:
             self.server_ref.collector.invalidate()
         body = json.dumps({"stream": key.as_labels(), done: ok}).encode()
-        self._send(200 if ok else 404, body, "application/json")
+        self.send_answer(200 if ok else 404, body, "application/json")

@@ -93,18 +93,8 @@ class _Handler(DeadlineRequestHandler):
     def _serve(self) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         answer = self.endpoint.handle(self.command, self.path, headers, self.rfile)
-        try:
-            self.send_response(answer.status)
-            self.send_header("Content-Type", answer.content_type)
-            self.send_header("Content-Length", str(len(answer.body)))
-            for key, value in answer.headers.items():
-                self.send_header(key, value)
-            if answer.close:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers_and_send(answer.body)
-        except OSError:  # the client went away; nothing to answer
-            self.close_connection = True
+        self.send_answer(answer.status, answer.body, answer.content_type, answer.headers,
+                         answer.close)
 
     do_POST = do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _serve
 

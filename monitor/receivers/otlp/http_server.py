@@ -29,6 +29,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -162,20 +163,34 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
         self._say_closing()
         super().end_headers()
 
-    def end_headers_and_send(self, body: bytes) -> None:
-        """:meth:`end_headers` and the body in one write: one system call, and one wait
-        for the interpreter lock after it instead of two (a busy pipeline thread keeps the
-        lock up to the switch interval, 5 ms, each time). A body over
-        :data:`JOIN_MAX_BYTES` (a /metrics exposition) is written after the headers
-        instead of being copied behind them."""
-        self._say_closing()
-        if self.request_version == "HTTP/0.9" or len(body) > JOIN_MAX_BYTES:
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self._headers_buffer.append(b"\r\n")  # type: ignore[attr-defined]
-        self._headers_buffer.append(body)  # type: ignore[attr-defined]
-        self.flush_headers()
+    def send_answer(self, code: int, body: bytes, ctype: str,
+                    headers: Mapping[str, str] | None = None, close: bool = False) -> None:
+        """A whole answer: status, ``Content-Type``, ``Content-Length``, ``headers``,
+        ``Connection: close`` when ``close``, then the body, headers and body in one write
+        (one system call, and one wait for the interpreter lock after it instead of two: a
+        busy pipeline thread keeps the lock up to the switch interval, 5 ms, each time).
+        A body over :data:`JOIN_MAX_BYTES` (a /metrics exposition) is written after the
+        headers instead of being copied behind them. A client gone away is not an error:
+        the connection is closed."""
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            if self.request_version == "HTTP/0.9" or len(body) > JOIN_MAX_BYTES:
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self._say_closing()  # what end_headers does, then the blank line and the body
+            self._headers_buffer.append(b"\r\n")  # type: ignore[attr-defined]
+            self._headers_buffer.append(body)  # type: ignore[attr-defined]
+            self.flush_headers()
+        except OSError:  # the client went away (a scrape timeout): nothing to answer
+            self.close_connection = True
 
     def _answer_stopping(self) -> None:
         server = self.server
