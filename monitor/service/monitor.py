@@ -184,26 +184,29 @@ class Monitor:
     def checkpoint(self) -> None:
         if self.store is None:
             return
-        with self._checkpoint_lock, self.pipeline.lock:
-            low = self.pipeline.low_water()
-            self.pipeline.prune_processed(low)
-            acked, acked_end = self.pipeline.acked_snapshot()
-            assert isinstance(self.counters, DurableCounters)
-            _received, rejected, dropped, sanitised = self.counters.live_snapshot()
-            items: dict[str, Any] = {
-                "engine": self.engine.checkpoint_state(),
-                # received = spans written to the log up to acked_end (counters.py)
-                "counters": {"received": acked, "rejected": pairs_to_json(rejected),
-                             "dropped": dropped, "sanitised": pairs_to_json(sanitised)},
-                "wal": {"low": list(low), "acked_end": list(acked_end),
-                        "taken": list(self.pipeline.taken_end)},
-                "join": self.pipeline.assembler.join,
-                "processed": [[t, p[0], p[1]] for t, p in self.pipeline.processed.items()],
-                "events_offset": self.onsets.offset() if self.onsets is not None else 0,
-            }
+        with self._checkpoint_lock:  # one checkpoint at a time, written in order
+            with self.pipeline.lock:
+                low = self.pipeline.low_water()
+                self.pipeline.prune_processed(low)
+                acked, acked_end = self.pipeline.acked_snapshot()
+                assert isinstance(self.counters, DurableCounters)
+                _received, rejected, dropped, sanitised = self.counters.live_snapshot()
+                items: dict[str, Any] = {
+                    "engine": self.engine.checkpoint_state(),
+                    # received = spans written to the log up to acked_end (counters.py)
+                    "counters": {"received": acked, "rejected": pairs_to_json(rejected),
+                                 "dropped": dropped, "sanitised": pairs_to_json(sanitised)},
+                    "wal": {"low": list(low), "acked_end": list(acked_end),
+                            "taken": list(self.pipeline.taken_end)},
+                    "join": self.pipeline.assembler.join,
+                    "processed": [[t, p[0], p[1]] for t, p in self.pipeline.processed.items()],
+                    "events_offset": self.onsets.offset() if self.onsets is not None else 0,
+                }
+                rows = self.store.encode(items)
+            # Outside the pipeline lock: the disk flushes (ingestion goes on meanwhile).
             if self.wal is not None:
                 self.wal.sync()  # the records the checkpoint points to are on disk first
-            self.store.save(items)
+            self.store.write(rows)
         if self.wal is not None:
             self.wal.delete_before(low)
 

@@ -5,18 +5,22 @@ counters, plus the ingest counters and the write-ahead log positions
 (``service/wal.py``); a restart on the same state dir resumes from it and replays the log,
 so counts continue and an alarm that was active stays active (no repeated onset).
 
-**What is trusted.** The engine's state (detector objects over numpy arrays) is still
-stored with ``pickle``, and unpickling runs code. So a checkpoint is read only when it was
-written by this state dir's own writer: ``state.key`` (32 random bytes, created mode 0600 at
-the first checkpoint) keys an HMAC-SHA256 over the schema and every item, checked *before*
-anything is unpickled. A checkpoint without a valid MAC (a crafted pickle dropped into the
-state dir, a database copied from elsewhere, a key that others can read or write) is
-refused: :class:`StateError`, exit 3, files left as they are. The other items are JSON.
-This protects against a file planted by someone who can write the state dir but cannot
-read ``state.key``; the state dir must be writable only by the monitor's user
-(README "Durability"). Behind the MAC, the pickled items are read by an allow-listed
-unpickler (``safe_pickle.py``): a checkpoint can only rebuild the engine's own state
-classes, containers and numpy arrays, never call anything else, even with a leaked key.
+**What is trusted.** Every item is data: the engine's state (detector objects over numpy
+arrays) and the evaluation join are written by ``statecodec.py`` as JSON that names the
+allowed state classes and their attributes; reading it rebuilds those classes'
+instances, containers and numpy arrays and calls nothing else. The other items are plain
+JSON. A checkpoint is also read only when it was written by this state dir's own writer:
+``state.key`` (32 random bytes, created mode 0600 at the first checkpoint) keys an
+HMAC-SHA256 over the schema and every item, checked before anything is decoded. A
+checkpoint without a valid MAC (a file planted in the state dir, a database copied from
+elsewhere, a key that others can read or write) is refused: :class:`StateError`, exit 3,
+files left as they are; the state dir must be writable only by the monitor's user
+(README "Durability").
+
+**Upgrading.** Versions before this one pickled the engine's state (schema 2). Such a
+checkpoint is read once, after its MAC is verified, by the allow-listed unpickler
+(``safe_pickle.py``: only the same state classes, containers and numpy arrays), and the
+next checkpoint is written in the data format; nothing is pickled any more.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import hmac
 import json
 import logging
 import os
-import pickle
 import secrets
 import sqlite3
 import stat
@@ -35,15 +38,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from assaywatch.monitor.service import safe_pickle
+from assaywatch.monitor.service import safe_pickle, statecodec
 
 logger = logging.getLogger(__name__)
 
-STATE_SCHEMA = 2
+STATE_SCHEMA = 3
+#: The schema of earlier versions, whose engine and join items were pickles: read (after
+#: the MAC) to upgrade, never written.
+PICKLED_SCHEMA = 2
 DB_NAME = "state.sqlite"
 KEY_NAME = "state.key"
-#: Items stored with pickle (MAC-checked before loading); every other item is JSON.
-PICKLED = frozenset({"engine", "join"})
+#: Items holding objects (``statecodec.py``); every other item is plain JSON.
+OBJECT_ITEMS = frozenset({"engine", "join"})
 
 
 class StateError(Exception):
@@ -129,12 +135,20 @@ class StateStore:
 
     # -- save / load -------------------------------------------------------------------
     def save(self, items: dict[str, Any]) -> None:
-        """Replace the checkpoint atomically (one transaction): ``engine`` pickled, every
-        other item JSON, all under one MAC."""
-        rows = [(name, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-                 if name in PICKLED else
+        """Replace the checkpoint atomically (one transaction): ``engine`` and ``join``
+        by ``statecodec``, every other item plain JSON, all under one MAC."""
+        self.write(self.encode(items))
+
+    @staticmethod
+    def encode(items: dict[str, Any]) -> list[tuple[str, bytes]]:
+        """The rows :meth:`save` writes: the part that reads the live objects (the
+        monitor calls it under its pipeline lock, and :meth:`write` after)."""
+        return [(name, statecodec.dumps(value) if name in OBJECT_ITEMS else
                  json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
                 for name, value in items.items()]
+
+    def write(self, rows: list[tuple[str, bytes]]) -> None:
+        """Replace the checkpoint with ``rows`` (from :meth:`encode`) in one transaction."""
         schema = str(STATE_SCHEMA)
         mac = _mac(self._writer_key(), schema, rows)
         with self._lock, contextlib.closing(self._connect()) as db, db:
@@ -167,9 +181,9 @@ class StateStore:
             if items:
                 raise self._unusable("checkpoint items without a schema")
             return {}
-        if schema != str(STATE_SCHEMA):
-            raise self._unusable(f"schema {schema}, and this version reads schema "
-                                 f"{STATE_SCHEMA}")
+        if schema not in (str(STATE_SCHEMA), str(PICKLED_SCHEMA)):
+            raise self._unusable(f"schema {schema}, and this version reads schemas "
+                                 f"{PICKLED_SCHEMA} and {STATE_SCHEMA}")
         key = self._read_key()
         if key is None:
             raise self._unusable(f"a checkpoint but no {KEY_NAME} beside it: it was not "
@@ -181,10 +195,15 @@ class StateStore:
                                  "and is not loaded")
         self._key = key
         out: dict[str, Any] = {}
+        legacy = schema == str(PICKLED_SCHEMA)
         for name, value in items:
             try:
-                out[name] = safe_pickle.loads(value) if name in PICKLED \
-                    else json.loads(value)
+                if name not in OBJECT_ITEMS:
+                    out[name] = json.loads(value)
+                elif legacy:
+                    out[name] = safe_pickle.loads(value)
+                else:
+                    out[name] = statecodec.loads(value)
             except Exception as exc:
                 raise self._unusable(f"checkpoint item {name!r} is unreadable "
                                      f"({type(exc).__name__})") from None

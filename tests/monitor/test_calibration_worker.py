@@ -115,7 +115,7 @@ def test_a_stream_calibrating_at_the_checkpoint_resumes_with_its_buffered_runs()
     restored into a new engine, the stream is calibrated again and fed its buffered runs:
     the alarms are those of an inline engine. Thresholds that arrived before the
     checkpoint are reused without a calibration."""
-    import pickle
+    from assaywatch.monitor.service import statecodec
 
     rng = np.random.default_rng(22)
     cfg = DetectorConfig(learn_runs=150, hotelling_window=100, hotelling_every=20)
@@ -134,7 +134,7 @@ def test_a_stream_calibrating_at_the_checkpoint_resumes_with_its_buffered_runs()
     got = [(e.detector, e.run_index, e.stream_run) for r in runs[:250] for e in eng.process(r)]
     st = eng.stream(key)
     assert got == [] and st is not None and st.calibrating and len(st.pending_runs) == 100
-    state = pickle.loads(pickle.dumps(eng.checkpoint_state()))  # as the checkpoint does
+    state = statecodec.loads(statecodec.dumps(eng.checkpoint_state()))  # as the checkpoint does
     gate.set()
     pool.shutdown(wait=True)
 
@@ -149,7 +149,7 @@ def test_a_stream_calibrating_at_the_checkpoint_resumes_with_its_buffered_runs()
     # the thresholds arrived before this checkpoint: the restore reuses them
     eng.apply_calibrations()
     again = Engine(cfg)
-    again.restore_state(pickle.loads(pickle.dumps(eng.checkpoint_state())))
+    again.restore_state(statecodec.loads(statecodec.dumps(eng.checkpoint_state())))
     assert again.calibrations["computed"] == 0 and again.calibration_backlog == 0
     later = simulate_runs(5, rng, key=StreamKey("support-agent", "2.0", "refund"),
                           tool_weights=TOOLS)

@@ -3,14 +3,13 @@ silence on unchanged streams, previous-version baselines, re-baselining, stream 
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 import pytest
 
 from assaywatch.analyzers.model import Outcome, StreamKey
 from assaywatch.monitor.config import DetectorConfig
 from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.service import statecodec
 from tests.analyzers.simagent import simulate_runs
 
 KEY = StreamKey("support-agent", "1.0", "refund")
@@ -112,13 +111,13 @@ def test_unknown_outcomes_skip_pass_rate_detectors() -> None:
     assert st.outcomes["unknown"] == 50
 
 
-def test_engine_state_survives_pickle_round_trip() -> None:
+def test_engine_state_survives_the_checkpoint_codec() -> None:
     rng = np.random.default_rng(8)
     eng = Engine(_cfg())
     runs = simulate_runs(300, rng, key=KEY, tool_weights=TOOLS)
     _feed(eng, runs[:250])
     clone = Engine(_cfg())
-    clone._streams.update(pickle.loads(pickle.dumps(eng._streams)))
+    clone._streams.update(statecodec.loads(statecodec.dumps(eng._streams)))
     a = _feed(eng, runs[250:])
     b = _feed(clone, runs[250:])
     assert [(e.detector, e.run_index) for e in a] == [(e.detector, e.run_index) for e in b]

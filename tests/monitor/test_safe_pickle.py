@@ -1,13 +1,17 @@
-"""The checkpoint is read by an allow-listed unpickler (service/safe_pickle.py): the engine's
-real state round-trips and resumes exactly, while a checkpoint naming anything else (a
-shell command, eval, the CLI, a class that touches files) is refused before it runs, even
-when its MAC is valid (a leaked key), and the monitor's StateStore says so (exit 3)."""
+"""Checkpoints of earlier versions (schema 2) pickled the engine's state; they are still read,
+to upgrade, by an allow-listed unpickler (service/safe_pickle.py): the engine's real state
+round-trips and resumes exactly, while a pickle naming anything else (a shell command,
+eval, the CLI, a class that touches files) is refused before it runs, even when its MAC is
+valid (a leaked key), and the monitor's StateStore says so (exit 3). The current format is
+tested in test_state_codec.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ from assaywatch.analyzers.model import StreamKey
 from assaywatch.monitor.config import DetectorConfig
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.service import safe_pickle
+from assaywatch.monitor.service import state as state_module
 from assaywatch.monitor.service.state import StateError, StateStore
 from tests.analyzers.simagent import simulate_runs
 
@@ -79,12 +84,49 @@ def test_names_outside_the_allow_list_are_refused_before_they_run(tmp_path: Path
                                    "Baseline.from_dict")
 
 
+def write_with_valid_mac(store: StateStore, schema: int, rows: dict[str, bytes]) -> None:
+    """Write a checkpoint as someone holding ``state.key`` could (rows as given)."""
+    store.save({"counters": {"a": 1}})  # creates the key and the tables
+    items = [(name, value) for name, value in rows.items()]
+    mac = state_module._mac(store._writer_key(), str(schema), items)
+    with contextlib.closing(sqlite3.connect(store.path)) as db, db:
+        db.execute("DELETE FROM blobs")
+        db.executemany("INSERT INTO blobs (name, value) VALUES (?, ?)", items)
+        db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       [("schema", str(schema)), ("mac", mac)])
+
+
+def test_an_old_pickled_checkpoint_is_read_to_upgrade(tmp_path: Path) -> None:
+    """A schema-2 checkpoint (pickled engine state, valid MAC) loads; the next save writes
+    the data format, without a pickle."""
+    rng = np.random.default_rng(2)
+    eng = Engine(DetectorConfig(learn_runs=50))
+    for r in simulate_runs(80, rng, key=KEY, tool_weights=TOOLS):
+        eng.process(r)
+    store = StateStore(tmp_path / "state")
+    write_with_valid_mac(store, 2, {
+        "engine": pickle.dumps(eng.checkpoint_state(), protocol=pickle.HIGHEST_PROTOCOL),
+        "counters": b'{"a":1}'})
+    loaded = StateStore(tmp_path / "state").load()
+    resumed = Engine(DetectorConfig(learn_runs=50))
+    resumed.restore_state(loaded["engine"])
+    assert resumed.stream(KEY) is not None and resumed.stream(KEY).baseline is not None
+    store.save({"engine": resumed.checkpoint_state(), "counters": loaded["counters"]})
+    with contextlib.closing(sqlite3.connect(store.path)) as db:
+        schema = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+        blob = bytes(db.execute("SELECT value FROM blobs WHERE name = 'engine'").fetchone()[0])
+    assert schema == str(state_module.STATE_SCHEMA) != "2"
+    assert blob[:1] == b"[" and b"\x80" not in blob[:2]  # JSON, not a pickle
+
+
 def test_a_checkpoint_with_a_valid_mac_but_a_gadget_is_refused(tmp_path: Path) -> None:
     """A leaked ``state.key`` lets someone write a checkpoint the MAC accepts; the gadget
     in it still never runs, the monitor refuses the state (exit 3) and leaves it."""
     marker = tmp_path / "ran"
     store = StateStore(tmp_path / "state")
-    store.save({"engine": _Call(os.system, f"touch {marker}"), "counters": {"a": 1}})
+    write_with_valid_mac(store, 2, {
+        "engine": pickle.dumps(_Call(os.system, f"touch {marker}")),
+        "counters": b'{"a":1}'})
     before = (tmp_path / "state" / "state.sqlite").read_bytes()
     with pytest.raises(StateError, match="unreadable"):
         StateStore(tmp_path / "state").load()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ from assaywatch.analyzers.model import Run, StreamKey
 from assaywatch.monitor.commands.cli import main
 from assaywatch.monitor.config import DetectorConfig
 from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.service import statecodec
 from assaywatch.monitor.service.monitor import Monitor
 from tests.analyzers.simagent import simulate_runs
 
@@ -101,7 +101,7 @@ def test_removals_survive_a_checkpoint() -> None:
     _feed(engine, _runs(A, [1.0]), _runs(B, [1.0 + i for i in range(100)], seed=4))
     assert engine.removed == {"idle": 1}
     again = Engine(DetectorConfig(learn_runs=20), stream_idle_seconds=60)
-    again.restore_state(pickle.loads(pickle.dumps(engine.checkpoint_state())))
+    again.restore_state(statecodec.loads(statecodec.dumps(engine.checkpoint_state())))
     assert again.removed == {"idle": 1} and again.now_ns == engine.now_ns
     assert again.stream(B) is not None and again.stream(A) is None
     # the restored order is by activity: b, the only stream, expires after 60 idle s
