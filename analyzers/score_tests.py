@@ -273,3 +273,44 @@ class SequentialScoreTest:
         out[(first_p < first_f)] = -1
         n = np.minimum(np.minimum(first_f, first_p) + 1, cols).astype(np.int64)
         return out, n
+
+
+# -- the best any test can do -----------------------------------------------------------------
+def kl_inf(values: NDArray[np.float64], weights: NDArray[np.float64], mean: float, *,
+           lo: float = 0.0, hi: float = 1.0, below: bool = True) -> float:
+    """The least Kullback-Leibler divergence KL(P || Q) from the law ``P`` (``values``
+    with probabilities ``weights``) to any law ``Q`` on [lo, hi] whose mean is at most
+    ``mean`` (``below``; at least, else). Dual form (Honda and Takemura's K_inf):
+    ``max over 0 <= l <= 1 / (mean - lo) of E_P log(1 + l (X - mean))`` (below), with
+    ``1 - l (X - mean)`` and ``l <= 1 / (hi - mean)`` above; 0 when ``P`` is already
+    there. It is the best growth rate a betting test can reach against all such ``Q``.
+    """
+    from scipy.optimize import minimize_scalar
+
+    x = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float) / float(np.sum(weights))
+    mu = float(w @ x)
+    if (below and mu <= mean) or (not below and mu >= mean):
+        return 0.0
+    sign, room = (1.0, mean - lo) if below else (-1.0, hi - mean)
+    if room <= 0:
+        return math.inf
+    top = (1.0 - 1e-12) / room
+
+    def neg_growth(lam: float) -> float:
+        return -float(w @ np.log1p(sign * lam * (x - mean)))
+
+    res = minimize_scalar(neg_growth, bounds=(0.0, top), method="bounded",
+                          options={"xatol": 1e-12 * max(top, 1.0)})
+    return max(-float(res.fun), 0.0)
+
+
+def min_expected_n(kl: float, right: float, wrong: float) -> float:
+    """Wald's lower bound on the expected sample size, under ``P``, of any sequential test
+    that decides one way with probability ``right`` under ``P`` and at most ``wrong``
+    under every law ``Q`` of the other hypothesis, when ``kl`` is the least
+    KL(P || Q) over them (:func:`kl_inf`): ``(r log(r / w) + (1 - r) log((1 - r) / (1 -
+    w))) / kl``."""
+    r, q = right, wrong
+    info = r * math.log(r / q) + (1 - r) * math.log((1 - r) / (1 - q))
+    return info / kl if kl > 0 else math.inf

@@ -20,6 +20,7 @@ assertions allow three of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -160,3 +161,35 @@ def test_gate_deploys_an_unchanged_candidate_and_blocks_a_score_drop() -> None:
     assert worse.reason == "evaluation score regression in support-agent/refund (helpfulness)"
     (sr,) = worse.streams
     assert next(t for t in sr.tests if t.name == "pass_rate").verdict != "fail"
+
+
+def test_kl_inf_of_a_two_point_law_is_the_bernoulli_divergence() -> None:
+    """For a law on {0, 1} the closest law on [0, 1] with another mean is the Bernoulli
+    with that mean: KL(Ber(0.9) || Ber(0.8)) = 0.9 ln(9/8) + 0.1 ln(1/2) = 0.036690 and
+    KL(Ber(0.8) || Ber(0.9)) = 0.8 ln(8/9) + 0.2 ln 2 = -0.094226 + 0.138629 = 0.044403."""
+    from assaywatch.analyzers.score_tests import kl_inf
+
+    x = np.array([0.0, 1.0])
+    assert kl_inf(x, np.array([0.1, 0.9]), 0.8) == pytest.approx(0.036690, abs=2e-6)
+    assert kl_inf(x, np.array([0.2, 0.8]), 0.9, below=False) == pytest.approx(0.044403,
+                                                                              abs=2e-6)
+    assert kl_inf(x, np.array([0.1, 0.9]), 0.95) == 0.0  # already below
+
+
+def test_the_rubric_scale_bottom_bounds_how_far_a_law_can_move() -> None:
+    """On a 1-5 scale, a law at 5 moved to mean 4.6 can at best put 0.1 of its mass at 1
+    (0.1 * 4 = 0.4): KL(delta_5 || 0.9 delta_5 + 0.1 delta_1) = ln(1 / 0.9) = 0.105361."""
+    from assaywatch.analyzers.score_tests import kl_inf
+
+    got = kl_inf(np.array([5.0]), np.array([1.0]), 4.6, lo=1.0, hi=5.0)
+    assert got == pytest.approx(math.log(1 / 0.9), abs=2e-6)
+
+
+def test_walds_bound_for_the_pass_rate_sprt() -> None:
+    """Any test passing p = 0.9 with probability 0.95 while passing p = 0.8 at most 10% of
+    the time needs on average (0.95 ln 9.5 + 0.05 ln(0.05 / 0.9)) / 0.036690 = 54.35
+    runs at p = 0.9; README's SPRT spends 56.9 there (bench_sprt)."""
+    from assaywatch.analyzers.score_tests import kl_inf, min_expected_n
+
+    kl = kl_inf(np.array([0.0, 1.0]), np.array([0.1, 0.9]), 0.8)
+    assert min_expected_n(kl, 0.95, 0.10) == pytest.approx(54.35, abs=0.05)

@@ -68,7 +68,7 @@ from scipy import stats
 
 from assaywatch.analyzers.baseline import Baseline, build_baseline
 from assaywatch.analyzers.model import Outcome, Verdict
-from assaywatch.analyzers.score_tests import score_verdict
+from assaywatch.analyzers.score_tests import kl_inf, min_expected_n, score_verdict
 from assaywatch.analyzers.sprt import llr_steps
 from assaywatch.monitor.live.sequential import LiveConfig, StreamTest
 from tests.analyzers.simagent import simulate_runs
@@ -124,6 +124,8 @@ class Scenario:
     draw: Draw
     threshold: float
     scale: float
+    #: the scale's bottom (its top is lo + scale)
+    lo: float = 0.0
 
 
 SCENARIOS = (
@@ -134,7 +136,7 @@ SCENARIOS = (
     Scenario("2b. high-quality agent: lumpy 70% at 1.0, pass = score >= 0.5; "
              "regression: 47.6% of the 1.0s become U[0.4,1)", lumpy_hq_degrade, 0.5, 1.0),
     Scenario("3. 1-5 rubric (.05 .10 .20 .35 .30), pass = score >= 4; "
-             "regression: (.05 .20 .30 .25 .20)", rubric, 4.0, 4.0),
+             "regression: (.05 .20 .30 .25 .20)", rubric, 4.0, 4.0, lo=1.0),
     Scenario("4. smooth Beta(8,2), pass = score >= 0.7; regression: shifted down 0.1 "
              "(clipped at 0)", beta, 0.7, 1.0),
 )
@@ -258,8 +260,25 @@ def _truth(sc: Scenario) -> tuple[float, float, float, float]:
             float(x0.mean()), float(x1.mean()))
 
 
+def best_possible(sc: Scenario, alpha: float, beta_: float, drop: float) -> tuple[float, float]:
+    """Wald's lower bounds on the mean scores ANY test needs at these error rates when its
+    guarantees hold for every law on the scale (as a score test's do): to pass the unchanged
+    law while passing every law whose mean is ``drop`` of the scale lower at most beta, and
+    to fail the regressed law with probability 1 - beta while failing every law with the
+    baseline's mean at most alpha (``score_tests.kl_inf``, ``min_expected_n``)."""
+    rng = np.random.default_rng(2)
+    x0, x1 = sc.draw(rng, (400_000,), False), sc.draw(rng, (400_000,), True)
+    w = np.full(x0.size, 1.0 / x0.size)
+    m0, lo, hi = float(x0.mean()), sc.lo, sc.lo + sc.scale
+    k_pass = kl_inf(x0, w, m0 - drop * sc.scale, lo=lo, hi=hi, below=True)
+    k_fail = kl_inf(x1, w, m0, lo=lo, hi=hi, below=False)
+    return (min_expected_n(k_pass, 1 - alpha, beta_),
+            min_expected_n(k_fail, 1 - beta_, alpha))
+
+
 def run_scenario(sc: Scenario, rng: np.random.Generator) -> str:
     p0, p1, m0, m1 = _truth(sc)
+    lb_pass, lb_fail = best_possible(sc, SCORES.alpha, SCORES.beta, SCORES.score_drop)
     cfg = SCORES
     bit_note = ("" if p0 - p1 >= cfg.delta else
                 f"  <-- below delta {cfg.delta}: the bit's H1 (p <= theta - delta) is false "
@@ -299,6 +318,7 @@ def run_scenario(sc: Scenario, rng: np.random.Generator) -> str:
             f"{'wrong (se)':>13} {'undecided':>12} {'N(a)/N (se)':>15} {'b>a':>6}")
     print(head)
     summary = []
+    sprt_means: dict[bool, float] = {}
     for regressed in (False, True):
         rows = res[regressed]
         na, nb, nc = [s.n_a for s in rows], [s.n_b for s in rows], [s.n_c for s in rows]
@@ -327,10 +347,18 @@ def run_scenario(sc: Scenario, rng: np.random.Generator) -> str:
               f"evaluation Fail {np.mean(by == 1):.3f}, SPRT Fail {np.mean(by == 2):.3f}, "
               f"planned maximum {np.mean(by == 3):.3f}")
         flag = "*" if regressed and bit_note else ""
+        sprt_means[regressed] = means["(a)"]
         summary.append(f"{label} SPRT {means['(a)']:.1f}, with scores {means['(b)']:.1f} "
                        f"(x{ratio_b:.2f} +- {rse_b:.2f}){flag}")
+    print(f"best possible for any score test with these guarantees (Wald's bound, least "
+          f"favourable law on [{sc.lo:g}, {sc.lo + sc.scale:g}]): unchanged >= {lb_pass:.1f} "
+          f"scores (saving at most x{sprt_means[False] / lb_pass:.2f} over (a)), regressed "
+          f">= {lb_fail:.1f} (x{sprt_means[True] / lb_fail:.2f}; (b) may stop sooner on an "
+          f"SPRT Fail, whose guarantee is about the pass rate)")
     line = (f"runs: {'; '.join(summary)}; fixed-n pass-rate {nf:.0f} (known baseline {nk:.0f})"
-            f" / scores {ns:.0f}")
+            f" / scores {ns:.0f}; best possible unchanged {lb_pass:.1f} "
+            f"(x{sprt_means[False] / lb_pass:.2f}), regressed {lb_fail:.1f} "
+            f"(x{sprt_means[True] / lb_fail:.2f})")
     if bit_note:
         line += "  (* regressed: the bit test is not designed to block this drop)"
     print(line)
