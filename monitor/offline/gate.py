@@ -22,11 +22,20 @@ Per stream (agent, scenario; the candidate's version is compared with the baseli
     evaluator's scale) is not ruled out; Pass when non-inferiority at ``baseline -
     score_drop`` is shown at level beta and no drop is significant; else Inconclusive with
     the candidate scores needed. A Fail blocks, like a pass-rate regression.
+``label:<evaluator>``
+    For each evaluator in the baseline that labels runs without scoring them (correct /
+    partial / incorrect), the candidate's labels against the baseline's counts
+    (analyzers/label_tests.py: chi-square of the 2 x K table, exact conditional p-value
+    by seeded Monte Carlo). Fail (a label shift) when its Holm-adjusted p-value is below
+    alpha, reporting the category that gained most; else Pass. Labels have no known order,
+    so a shift cannot say worse or better: it asks for manual review, never blocks nor
+    deploys. Fewer than ``MIN_CANDIDATE_LABELS`` candidate labels: no test (reported,
+    Inconclusive with ``not_tested``, which does not hold the gate).
 ``coverage``
     The candidate's coverage against ``c_min``.
 
-The p-values of every stream's pass-rate, fingerprint and evaluation tests form one
-Holm-Bonferroni family, so the chance that an unchanged candidate is held back by a false
+The p-values of every stream's pass-rate, fingerprint, evaluation and label tests form
+one Holm-Bonferroni family, so the chance that an unchanged candidate is held back by a false
 positive is at most alpha (when ``fingerprint_alpha`` equals ``alpha``; each test is
 judged against its own level on the adjusted p-value).
 
@@ -41,7 +50,8 @@ deploys with probability about 1 - alpha; with fewer runs the price is Inconclus
 
 Decision (SPEC 6.2 with our default policy): a significant pass-rate regression blocks; a
 significant behaviour shift without a pass-rate regression asks for manual review
-(``behaviour_shift: block`` makes it block); an Inconclusive test, a missing baseline or
+(``behaviour_shift: block`` makes it block); a label shift asks for manual review (it never
+softens a block); an Inconclusive test, a missing baseline or
 short coverage asks for manual review; otherwise deploy.
 """
 
@@ -59,8 +69,10 @@ from numpy.typing import NDArray
 
 from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.coverage import coverage
+from assaywatch.analyzers.detectors.label import LabelSummary
 from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.hotelling import hotelling_two_sample
+from assaywatch.analyzers.label_tests import MIN_CANDIDATE_LABELS, LabelTestResult, label_test
 from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.score_tests import ScoreTestResult, score_verdict
 from assaywatch.analyzers.suite import holm
@@ -187,6 +199,7 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
     pr_raw: list[tuple[int, Any]] = []
     fp_raw: list[tuple[int, Any]] = []
     ev_raw: list[tuple[int, ScoreTestResult]] = []
+    lab_in: list[tuple[int, str, LabelSummary, list[str]]] = []
     matched: set[StreamKey] = set()
     for key in sorted(groups):
         runs = groups[key]
@@ -211,8 +224,13 @@ def decide(baselines: Sequence[Baseline], candidate_runs: Iterable[Run],
             fp_raw.append((len(streams) - 1, h))
         ev_raw.extend((len(streams) - 1, r) for r in evaluation_statistics(base, runs, policy,
                                                                           rows))
+        lab_in.extend((len(streams) - 1, *x) for x in label_inputs(sr, base, runs))
         add_coverage_test(sr, runs, base.tools, policy.c_min)
-    judge(streams, pr_raw, fp_raw, policy, ev_raw)
+    # B of the Monte Carlo p-values from the smallest level Holm can test them at
+    level = policy.alpha / max(1, len(pr_raw) + len(fp_raw) + len(ev_raw) + len(lab_in))
+    lab_raw = [(i, label_test(name, summary, labels, level=level))
+               for i, name, summary, labels in lab_in]
+    judge(streams, pr_raw, fp_raw, policy, ev_raw, lab_raw)
     _trace_first(streams, baseline_runs, candidate_runs, policy)
     for b in baselines:
         if b.key not in matched and not any(
@@ -270,19 +288,71 @@ def evaluation_statistics(base: Baseline, runs: Sequence[Run], policy: GatePolic
 
 def judge(streams: list[StreamResult], pr_raw: list[tuple[int, Any]],
           fp_raw: list[tuple[int, Any]], policy: GatePolicy,
-          ev_raw: Sequence[tuple[int, ScoreTestResult]] = ()) -> None:
-    """Decide every stream's pass-rate, fingerprint and evaluation tests as one
+          ev_raw: Sequence[tuple[int, ScoreTestResult]] = (),
+          lab_raw: Sequence[tuple[int, LabelTestResult]] = ()) -> None:
+    """Decide every stream's pass-rate, fingerprint, evaluation and label tests as one
     Holm-Bonferroni family (indices into ``streams``), adding their TestResults."""
-    # One family over every test that can stop a deploy (the pass-rate, the fingerprint
-    # and the evaluation tests of every stream), so an unchanged suite is held back by a
-    # false positive with probability at most alpha, however many streams and tests it has.
+    # One family over every test that can stop a deploy (the pass-rate, the fingerprint,
+    # the evaluation and the label tests of every stream), so an unchanged suite is held
+    # back by a false positive with probability at most alpha, however many streams and
+    # tests it has.
     adjusted = holm([r.p_value for _, r in pr_raw] + [float(h.p_value) for _, h in fp_raw]
-                    + [r.p_value for _, r in ev_raw])
+                    + [r.p_value for _, r in ev_raw] + [r.p_value for _, r in lab_raw])
     family = len(adjusted)
-    n_pr, n_fp = len(pr_raw), len(fp_raw)
+    n_pr, n_fp, n_ev = len(pr_raw), len(fp_raw), len(ev_raw)
     _pass_rate_tests(streams, pr_raw, adjusted[:n_pr], policy, family)
     _fingerprint_tests(streams, fp_raw, adjusted[n_pr:n_pr + n_fp], policy)
-    _evaluation_tests(streams, ev_raw, adjusted[n_pr + n_fp:], policy, family)
+    _evaluation_tests(streams, ev_raw, adjusted[n_pr + n_fp:n_pr + n_fp + n_ev], policy,
+                      family)
+    _label_tests(streams, lab_raw, adjusted[n_pr + n_fp + n_ev:], policy, family)
+
+
+def label_inputs(sr: StreamResult, base: Baseline, runs: Sequence[Run]
+                 ) -> list[tuple[str, LabelSummary, list[str]]]:
+    """(evaluator, baseline labels, candidate labels) of each labelling evaluator of the
+    baseline with enough candidate labels to test; the others get a TestResult saying why
+    not (Inconclusive, ``not_tested``: it does not hold the gate). An evaluator that scores
+    is tested by its scores."""
+    out = []
+    for name, summary in sorted(base.labels.items()):
+        if name in base.evaluators:
+            continue
+        labels = [r.labels[name] for r in runs if name in r.labels]
+        if summary.n >= 1 and len(labels) >= MIN_CANDIDATE_LABELS:
+            out.append((name, summary, labels))
+            continue
+        why = (f"the candidate has no labels of {name}" if not labels else
+               f"only {len(labels)} candidate labels of {name} (a test needs "
+               f"{MIN_CANDIDATE_LABELS})" if summary.n else "the baseline has no labels")
+        sr.tests.append(TestResult(
+            f"{LABEL_TEST}{name}", Verdict.INCONCLUSIVE.value,
+            {"n_baseline": summary.n, "n_candidate": len(labels), "not_tested": True},
+            f"{name}: {why} (baseline {summary.n}): no label test"))
+    return out
+
+
+def _label_tests(streams: list[StreamResult], raw: Sequence[tuple[int, LabelTestResult]],
+                 adjusted: list[float], policy: GatePolicy, family: int) -> None:
+    for (i, r), p_adj in zip(raw, adjusted, strict=True):
+        cat, share_b, share_c = r.gained
+        moved = f"{cat!r} {share_b:.2f} -> {share_c:.2f}"
+        if p_adj < policy.alpha:
+            verdict, msg = Verdict.FAIL, (
+                f"{r.evaluator}: label shift (Holm p = {p_adj:.2g}): {moved}; labels of "
+                "unknown order cannot say worse or better: review")
+        else:
+            verdict, msg = Verdict.PASS, (
+                f"{r.evaluator}: no label shift detected (Holm p = {p_adj:.2g}); gained "
+                f"most: {moved}")
+        stats = {"p_value": r.p_value, "p_value_holm": p_adj, "family_size": family,
+                 "chi_square": r.statistic, "categories": len(r.categories),
+                 "n_baseline": r.n_b, "n_candidate": r.n_c, "gained": cat,
+                 "share_baseline": share_b, "share_candidate": share_c,
+                 "difference": share_c - share_b, "new_labels": len(r.new_labels),
+                 "folded": r.folded, "baseline_folded": r.baseline_folded,
+                 "mc_draws": r.draws}
+        streams[i].tests.append(TestResult(f"{LABEL_TEST}{r.evaluator}", verdict.value,
+                                           stats, msg))
 
 
 def _evaluation_tests(streams: list[StreamResult], raw: Sequence[tuple[int, ScoreTestResult]],
@@ -398,6 +468,8 @@ PASS_RATE_TESTS = ("pass_rate", "sprt")
 TRACE_FIRST_EXEMPT = ("baseline", *PASS_RATE_TESTS, "fingerprint", "coverage")
 #: Name prefix of the evaluation tests (``evaluation:helpfulness``).
 EVALUATION_TEST = "evaluation:"
+#: Name prefix of the label tests (``label:correctness``).
+LABEL_TEST = "label:"
 
 
 def _trace_first(streams: list[StreamResult], baseline_runs: Sequence[Run] | None,
@@ -437,7 +509,7 @@ def decision(streams: list[StreamResult], policy: GatePolicy,
         return BLOCK, f"evaluation score regression in {', '.join(scored)}"
     broken = sorted({f"{s.name} ({t.name})" for s in streams for t in s.tests
                      if t.name not in TRACE_FIRST_EXEMPT and t.verdict == "fail"
-                     and not t.name.startswith(EVALUATION_TEST)})
+                     and not t.name.startswith((EVALUATION_TEST, LABEL_TEST))})
     if broken:
         return BLOCK, f"contract or relation violations rose in {', '.join(broken)}"
     shifted = find(("fingerprint",), "fail")
@@ -446,11 +518,18 @@ def decision(streams: list[StreamResult], policy: GatePolicy,
     reasons = []
     if shifted:
         reasons.append(f"behaviour shift without a pass-rate regression in {', '.join(shifted)}")
+    labelled = sorted({f"{s.name} ({t.name.removeprefix(LABEL_TEST)}: {t.statistics['gained']!r} "
+                       f"{t.statistics['share_baseline']:.2f} -> "
+                       f"{t.statistics['share_candidate']:.2f})" for s in streams
+                       for t in s.tests if t.name.startswith(LABEL_TEST) and t.verdict == "fail"})
+    if labelled:
+        reasons.append(f"label shift (labels of unknown order: review) in {', '.join(labelled)}")
     short = find(("coverage",), "fail")
     if short:
         reasons.append(f"coverage below c_min in {', '.join(short)}")
     unsure = sorted({s.name for s in streams for t in s.tests if t.verdict == "inconclusive"
-                     and not t.statistics.get("superseded_by_evaluations")})
+                     and not t.statistics.get("superseded_by_evaluations")
+                     and not t.statistics.get("not_tested")})
     if unsure:
         reasons.append(f"inconclusive in {', '.join(unsure)}")
     if reasons:
