@@ -70,6 +70,10 @@ def register(sub: Any) -> None:
     common(a, "consumer group (default assaywatch-assemblers)")
     a.add_argument("--spans-topic", metavar="TOPIC",
                    help="topic the Collector writes (default assaywatch.spans)")
+    a.add_argument("--logs-topic", metavar="TOPIC",
+                   help="topic of the Collector's OTLP logs (evaluation events), with the "
+                        "spans topic's partition count (default assaywatch.logs, created "
+                        "with it when missing; another count: exit 3; '': spans only)")
     a.add_argument("--commit-seconds", type=float, metavar="S",
                    help="seconds between offset commits (default 1)")
     a.set_defaults(func=run_assemble)
@@ -147,7 +151,17 @@ def _start(args: argparse.Namespace, worker: Any, what: str, stage: str) -> int:
     try:
         n = wait_for_broker(ks)
         if stage == "assemble":
-            ensure_topics(ks, n, spans=True, runs=True)
+            ensure_topics(ks, n, spans=True, runs=True, logs=True)
+            if ks.logs_topic:
+                logs, spans = (partition_count(ks, ks.logs_topic),
+                               partition_count(ks, ks.spans_topic))
+                if logs != spans:
+                    raise UsageError(
+                        f"logs topic {ks.logs_topic} has {logs} partitions and spans topic "
+                        f"{ks.spans_topic} {spans}: they must be equal (a trace's "
+                        "evaluations are read from the logs partition of its spans' "
+                        f"number); recreate the logs topic with {spans} partitions, or set "
+                        "kafka.logs_topic to '' to read spans only")
         else:
             ensure_topics(ks, n, runs=True, state=True, alarms=True)
             runs, state = partition_count(ks, ks.runs_topic), partition_count(ks, ks.state_topic)
@@ -225,7 +239,7 @@ def run_assemble(args: argparse.Namespace) -> int:
     _kafka_or_exit()
     from assaywatch.monitor.scaleout.assembler import AssemblerWorker
 
-    cfg, ks = _settings(args, {"spans_topic": "spans_topic",
+    cfg, ks = _settings(args, {"spans_topic": "spans_topic", "logs_topic": "logs_topic",
                                "commit_seconds": "commit_seconds"})
     view = _AssemblerView(AssemblerWorker(ks, cfg))
     return _start(args, view, "assembler", "assemble")

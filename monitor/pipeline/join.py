@@ -21,8 +21,7 @@ each one by the state of its trace:
 Digests are kept ``window_s`` after their trace closed, at most ``max_closed`` of them
 (the oldest forgotten first, counted ``digest_evicted``). An evaluation without a score,
 label or pass flag is ``invalid``. Late evaluations wait for :meth:`take_late`, at most
-:data:`MAX_LATE_PENDING` of them (``late_not_taken`` beyond: a stage that has no engine to
-give them to, such as the Kafka assembler, which does not forward them yet). Every
+:data:`MAX_LATE_PENDING` of them (``late_not_taken`` beyond: a stage that never takes them). Every
 outcome is counted in :attr:`EvaluationJoin.counts`
 (``assaywatch_evaluation_joins_total{outcome}``).
 """
@@ -115,6 +114,11 @@ class EvaluationJoin:
     def digests(self) -> int:
         """Closed traces remembered for late evaluations."""
         return len(self._closed)
+
+    def waits_for(self, trace_id: str) -> bool:
+        """Whether evaluations wait for ``trace_id`` (read-only: a consumer that must
+        re-read them after a crash holds its input offset below them meanwhile)."""
+        return trace_id in self._waiting
 
     def take_waiting(self, trace_id: str) -> list[tuple[str, Evaluation]]:
         """The evaluations that waited for ``trace_id`` (its first span just arrived)."""

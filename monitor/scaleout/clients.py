@@ -67,9 +67,12 @@ def wait_for_broker(s: KafkaSettings) -> int:
 
 
 def ensure_topics(s: KafkaSettings, n_brokers: int, *, spans: bool = False,
-                  runs: bool = True, state: bool = False, alarms: bool = False) -> None:
+                  runs: bool = True, state: bool = False, alarms: bool = False,
+                  logs: bool = False) -> None:
     """Create the topics a stage reads or writes when they are missing (existing topics are
-    left as they are). The state topic gets the runs topic's partition count, compaction."""
+    left as they are). The state topic gets the runs topic's partition count, compaction;
+    the logs topic the spans topic's (a trace's evaluations sit on its spans' partition
+    number)."""
     require_kafka()
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -79,10 +82,15 @@ def ensure_topics(s: KafkaSettings, n_brokers: int, *, spans: bool = False,
     runs_parts = s.partitions
     if s.runs_topic in md.topics and md.topics[s.runs_topic].partitions:
         runs_parts = len(md.topics[s.runs_topic].partitions)
+    spans_parts = s.partitions
+    if s.spans_topic in md.topics and md.topics[s.spans_topic].partitions:
+        spans_parts = len(md.topics[s.spans_topic].partitions)
     wanted: list[Any] = []
     common = {"min.insync.replicas": str(min(2, rf))}
     if spans and s.spans_topic not in md.topics:
         wanted.append(NewTopic(s.spans_topic, s.partitions, rf, config=common))
+    if logs and s.logs_topic and s.logs_topic not in md.topics:
+        wanted.append(NewTopic(s.logs_topic, spans_parts, rf, config=common))
     if runs and s.runs_topic not in md.topics:
         wanted.append(NewTopic(s.runs_topic, runs_parts, rf, config=common))
     if state and s.state_topic not in md.topics:

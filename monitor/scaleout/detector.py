@@ -21,6 +21,16 @@ counter is part of the state), which alarm consumers drop.
 dropped (``assaywatch_spans_dropped_total{reason="duplicate_run"}``): a re-publishing
 assembler changes nothing.
 
+**Evaluations.** An evaluation record (an evaluation that reached the assembler after its
+run's record was published, ``records.encode_evaluation``) goes to
+``Engine.process_evaluation`` as the single monitor does after the runs of a poll; its alarms
+are handled exactly like those of runs, and it advances the partition's offset and state like
+a run (it is not a run: no run count, no hash chain). Its identity is (run id, evaluator
+names) (``records.evaluation_id``); one seen among the partition's last ``dedup_runs``
+evaluations is dropped (``reason="duplicate_evaluation"``), and so is one for an evaluator
+whose score or label the run's own record already carried (the assembler read the event
+again after a crash, and this time the run had closed before it came).
+
 **Ordering guarantee.** Runs of a stream are processed in the order their records land in
 the partition, each once; a stream (all versions of an agent's scenario) lives in one
 partition. ``replay`` orders runs by end time; both agree when runs of a stream are
@@ -48,7 +58,8 @@ from assaywatch.analyzers.baseline import Baseline
 from assaywatch.analyzers.model import StreamKey
 from assaywatch.monitor.config import DetectorConfig, MonitorConfig
 from assaywatch.monitor.engine.engine import Engine
-from assaywatch.monitor.engine.streams import StreamState
+from assaywatch.monitor.engine.streams import AlarmEvent, StreamState
+from assaywatch.monitor.pipeline.join import LateEvaluation
 from assaywatch.monitor.receivers.spans import IngestCounters
 from assaywatch.monitor.scaleout.clients import KafkaUnavailable, base_config, require_kafka
 from assaywatch.monitor.scaleout.records import (
@@ -56,9 +67,11 @@ from assaywatch.monitor.scaleout.records import (
     RecordError,
     alarm_record,
     chain_step,
-    decode_run,
+    decode_record,
     decode_state,
     encode_state,
+    evaluation_id,
+    evaluator_names,
     state_key,
 )
 from assaywatch.monitor.scaleout.settings import KafkaSettings
@@ -324,9 +337,13 @@ class DetectorWorker:
             except BufferError:
                 self._producer.poll(0.1)
 
-    def _process(self, m: Any) -> None:
-        import json
+    def _remember_evaluation(self, state: PartitionState, eid: str) -> None:
+        state.recent_evaluations[eid] = None
+        state.recent_evaluations.move_to_end(eid)
+        if len(state.recent_evaluations) > self.settings.dedup_runs:
+            state.recent_evaluations.popitem(last=False)
 
+    def _process(self, m: Any) -> None:
         p, off = m.partition(), m.offset()
         state = self.parts.get(p)
         eng = self.engines.get(p)
@@ -335,11 +352,21 @@ class DetectorWorker:
         state.next_offset = off + 1
         self._dirty.add(p)
         try:
-            run = decode_run(m.value() or b"")
+            rec = decode_record(m.value() or b"")
         except RecordError as exc:
             eng.dropped["bad_run_record"] += 1
             logger.warning("detector: partition %d offset %d: %s", p, off, exc)
             return
+        if isinstance(rec, LateEvaluation):
+            eid = evaluation_id(rec.run_id, evaluator_names(rec))
+            if eid in state.recent_evaluations:
+                eng.dropped["duplicate_evaluation"] += 1
+                return
+            self._remember_evaluation(state, eid)
+            self._since_checkpoint += 1
+            self._alarms(state, eng.process_evaluation(rec))
+            return
+        run = rec
         rid = run.run_id
         if rid in state.recent_run_ids:
             eng.dropped["duplicate_run"] += 1
@@ -348,11 +375,19 @@ class DetectorWorker:
         state.recent_run_ids[rid] = None
         if len(state.recent_run_ids) > self.settings.dedup_runs:
             state.recent_run_ids.popitem(last=False)
+        for name in [*run.scores, *run.labels]:  # a later copy of these is a duplicate
+            self._remember_evaluation(state, evaluation_id(rid, [name]))
         state.chains[run.key] = chain_step(state.chains.get(run.key), rid)
         state.runs_processed += 1
         self.runs_processed += 1
         self._since_checkpoint += 1
-        for ev in eng.process(run):
+        self._alarms(state, eng.process(run))
+
+    def _alarms(self, state: PartitionState, events: list[AlarmEvent]) -> None:
+        """Episodes, alarm records and ``on_alarm`` for the alarms of one record."""
+        import json
+
+        for ev in events:
             state.episodes[(ev.key, ev.detector)] += 1
             rec = alarm_record(ev, state.episodes[(ev.key, ev.detector)])
             logger.warning("alarm %s on %s at run %d (episode %d)", ev.detector, ev.key,

@@ -25,6 +25,10 @@ class KafkaSettings:
         "doc": "Kafka bootstrap servers, comma-separated."})
     spans_topic: str = field(default="assaywatch.spans", metadata={
         "doc": "Topic the Collector's kafka exporter writes (otlp_proto, keyed by trace id)."})
+    logs_topic: str = field(default="assaywatch.logs", metadata={
+        "doc": "Topic of the Collector's OTLP logs (otlp_proto, partition_logs_by_trace_id) "
+               "carrying gen_ai.evaluation.result events; it must have the spans topic's "
+               "partition count. '' or a missing topic: spans only."})
     runs_topic: str = field(default="assaywatch.runs", metadata={
         "doc": "Run records, keyed by agent and scenario."})
     state_topic: str = field(default="assaywatch.detector-state", metadata={

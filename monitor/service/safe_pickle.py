@@ -1,8 +1,12 @@
-"""Reading the engine's checkpoint without letting it run code: an allow-listed unpickler.
+"""Reading checkpoints of earlier versions without letting them run code: an allow-listed
+unpickler.
 
-The engine's state (streams, detectors over numpy arrays, baselines, the evaluation join)
-is many classes; it is stored with ``pickle``, whose loader calls whatever callable the
-data names. :func:`loads` resolves names only from :func:`allowed`:
+Checkpoints are now written as data (``statecodec.py``). Versions before pickled the
+engine's state (streams, detectors over numpy arrays, baselines, the evaluation join): the
+monitor's SQLite checkpoint of schema 2 (``state.py``) and the Kafka detectors' state of
+schema 1 (``scaleout/records.py``). Such a checkpoint is read once, to upgrade, by
+:func:`loads`, which resolves names only from :func:`allowed` (also the allow-list of
+``statecodec.py``):
 
 * classes of the ``assaywatch.analyzers`` package (pure statistics: no I/O, no threads)
   and the state classes of the monitor listed in :data:`MONITOR_STATE` (streams, the
@@ -13,9 +17,8 @@ data names. :func:`loads` resolves names only from :func:`allowed`:
 
 Anything else (``os.system``, ``builtins.eval``, ``subprocess``, a function of the
 monitor such as its CLI entry point, a class that opens files or starts threads) raises
-:class:`UnsafeState` before it is called. The checkpoint is also MAC-checked before it is
-read at all (``state.py``): this is the second wall, for a state dir whose key leaked, and
-the only one for the Kafka state topic (``scaleout/records.py``).
+:class:`UnsafeState` before it is called. The monitor's checkpoint is also MAC-checked
+before it is read at all (``state.py``).
 """
 
 from __future__ import annotations

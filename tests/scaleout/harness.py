@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from assaywatch.analyzers.model import StreamKey
+from assaywatch.analyzers.model import Run, StreamKey
 from assaywatch.monitor.config import MonitorConfig
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.exporters.prometheus import MonitorCollector
@@ -38,14 +38,16 @@ PIPELINE = ROOT / "deploy" / "collector" / "pipelines" / "kafka-pipeline.yaml"
 
 
 def make_topics(bootstrap: str, prefix: str, spans_parts: int = 4, runs_parts: int = 6) -> dict:
-    """Create the four topics of one test (names prefixed, so tests share a broker)."""
+    """Create the five topics of one test (names prefixed, so tests share a broker); the
+    logs topic has the spans topic's partition count, as the assembler requires."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    names = {"spans": f"{prefix}.spans", "runs": f"{prefix}.runs",
+    names = {"spans": f"{prefix}.spans", "runs": f"{prefix}.runs", "logs": f"{prefix}.logs",
              "state": f"{prefix}.state", "alarms": f"{prefix}.alarms"}
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futs = admin.create_topics([
         NewTopic(names["spans"], spans_parts, 1),
+        NewTopic(names["logs"], spans_parts, 1),
         NewTopic(names["runs"], runs_parts, 1),
         NewTopic(names["state"], runs_parts, 1, config={"cleanup.policy": "compact"}),
         NewTopic(names["alarms"], 1, 1)], operation_timeout=20)
@@ -54,12 +56,13 @@ def make_topics(bootstrap: str, prefix: str, spans_parts: int = 4, runs_parts: i
     return names
 
 
-def collector_config(folder: Path, spans_topic: str) -> Path:
-    """deploy/collector/pipelines/kafka-pipeline.yaml with the test's spans topic."""
+def collector_config(folder: Path, spans_topic: str, logs_topic: str) -> Path:
+    """deploy/collector/pipelines/kafka-pipeline.yaml with the test's spans and logs topics."""
     text = PIPELINE.read_text()
-    assert "topic: assaywatch.spans" in text
+    assert "topic: assaywatch.spans" in text and "topic: assaywatch.logs" in text
     out = folder / "kafka-pipeline.yaml"
-    out.write_text(text.replace("topic: assaywatch.spans", f"topic: {spans_topic}"))
+    out.write_text(text.replace("topic: assaywatch.spans", f"topic: {spans_topic}")
+                   .replace("topic: assaywatch.logs", f"topic: {logs_topic}"))
     return out
 
 
@@ -76,7 +79,7 @@ class Worker:
                      "--config", str(config), "--metrics", "127.0.0.1:0",
                      "--session-timeout-ms", "6000", "--log-level", "INFO", *extra]
         if stage == "assemble":
-            self.args += ["--spans-topic", names["spans"]]
+            self.args += ["--spans-topic", names["spans"], "--logs-topic", names["logs"]]
         else:
             self.args += ["--state-topic", names["state"], "--alarms-topic", names["alarms"]]
         self.proc: subprocess.Popen[str] | None = None
@@ -291,7 +294,7 @@ def wait_for(cond: Any, timeout: float, what: str, poll: float = 0.3) -> None:
 def order_report(bootstrap: str, names: dict, spans_file: Path) -> str:
     """Where each stream's runs in the runs topic differ from replay's order (diagnostic)."""
     from assaywatch.monitor.offline.load import iter_runs
-    from assaywatch.monitor.scaleout.records import decode_run
+    from assaywatch.monitor.scaleout.records import decode_record
 
     ref: dict[StreamKey, list[str]] = {}
     ends: dict[str, int] = {}
@@ -301,7 +304,9 @@ def order_report(bootstrap: str, names: dict, spans_file: Path) -> str:
     got: dict[StreamKey, list[str]] = {}
     for m in sorted(read_topic(bootstrap, names["runs"]), key=lambda m: (m.partition(),
                                                                          m.offset())):
-        run = decode_run(m.value())
+        run = decode_record(m.value())
+        if not isinstance(run, Run):  # an evaluation record
+            continue
         if run.run_id not in got.setdefault(run.key, []):
             got[run.key].append(run.run_id)
     lines = []

@@ -119,7 +119,7 @@ def run_scenario(broker: Any, tmp: Path, prefix: str, n_assemblers: int, n_detec
     spans_file = tmp / "spans.jsonl"
     timings: dict[str, float] = {}
     try:
-        with otel_collector(h.collector_config(tmp, names["spans"]),
+        with otel_collector(h.collector_config(tmp, names["spans"], names["logs"]),
                             env={"ASSAYWATCH_KAFKA_BOOTSTRAP": broker.bootstrap}) as col:
             cluster.start(n_assemblers, n_detectors, assembler_args, detector_args)
             cluster.wait_stable()

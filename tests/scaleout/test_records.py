@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import OrderedDict
 
 import pytest
 
 from assaywatch.analyzers.model import StreamKey
 from assaywatch.monitor.config import ConfigError
 from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.pipeline.join import LateEvaluation
+from assaywatch.monitor.pipeline.outcome import Evaluation
 from assaywatch.monitor.scaleout.records import (
     PartitionState,
     RecordError,
     alarm_id,
+    decode_record,
     decode_run,
     decode_state,
+    encode_evaluation,
     encode_run,
     encode_state,
+    evaluation_id,
+    evaluator_names,
     partition_key,
 )
 from assaywatch.monitor.scaleout.settings import KafkaSettings, load_config
@@ -60,7 +67,9 @@ def test_bad_records_are_refused() -> None:
                 json.dumps({**doc, "outcome": "maybe"}).encode()):
         with pytest.raises(RecordError):
             decode_run(bad)
-    for bad in (b"", b"{}\n", b'{"v": 9}\nxx', b'{"v": 1}\nnot a pickle'):
+    for bad in (b"", b"{}\n", b'{"v": 9}\nxx', b'{"v": 1}\nnot a pickle',
+                b'{"v": 2}\nnot json', b'{"v": 2}\n["o", "os:system", "command", "true"]',
+                b'{"v": 2}\n["d"]'):
         with pytest.raises(RecordError):
             decode_state(bad)
 
@@ -103,3 +112,91 @@ def test_kafka_section(tmp_path) -> None:
         load_config(str(p))
     # every option is documented
     assert all(f.metadata.get("doc") for f in dataclasses.fields(KafkaSettings))
+
+
+def test_evaluation_record_round_trip_and_kind() -> None:
+    key = StreamKey("support", "1.2", "refund")
+    late = LateEvaluation("0af7651916cd43dd8448eb211c80319c:b7ad6b7169203331", key,
+                          Evaluation(name="helpfulness", score=0.8125), {"helpfulness": 0.8125},
+                          start_ns=1_765_000_000_123_456_789)
+    data = encode_evaluation(late)
+    assert decode_record(data) == late
+    doc = json.loads(data)
+    assert doc["t"] == "evaluation" and doc["run"] == late.run_id
+    # same partition as its run: the stream's key
+    run = recorded_runs()[0]
+    assert partition_key(late.key) == partition_key(StreamKey("support", "2.0", "refund"))
+    # a label, a pass flag, and a score the engine cannot take (infinite) all travel
+    labelled = LateEvaluation("t:s", key, Evaluation(name="safety", label="unsafe"), {},
+                              labels={"safety": "unsafe"})
+    assert decode_record(encode_evaluation(labelled)) == labelled
+    flag = LateEvaluation("t:s", key, Evaluation(passed=False), {})
+    assert decode_record(encode_evaluation(flag)) == flag
+    inf = LateEvaluation("t:s", key, Evaluation(name="x", score=float("inf")), {})
+    assert decode_record(encode_evaluation(inf)).evaluation.score == float("inf")
+    # a run record (no "t", as every record written before evaluations) is still a run
+    assert decode_record(encode_run(run)) == run
+    with pytest.raises(RecordError, match="evaluation"):
+        decode_run(data)  # an evaluation is never taken for a run
+    # identities: the evaluator names, whatever their order; a flag-only one by its name
+    assert evaluation_id("r", ["b", "a"]) == evaluation_id("r", ["a", "b"]) != \
+        evaluation_id("r", ["a"])
+    assert evaluator_names(late) == ["helpfulness"]
+    assert evaluator_names(flag) == ["unnamed"]
+
+
+def test_bad_evaluation_records_are_refused() -> None:
+    key = StreamKey("a", "1", "s")
+    doc = json.loads(encode_evaluation(LateEvaluation("t:s", key, Evaluation(score=0.5),
+                                                      {"unnamed": 0.5})))
+    for bad in ({**doc, "t": "verdict"}, {**doc, "v": 2},
+                {k: v for k, v in doc.items() if k != "run"},
+                {**doc, "ev": [None, None, "high", None]}, {**doc, "ev": [1, None, 0.5, None]},
+                {**doc, "ev": [None, None, 0.5, "yes"]}, {**doc, "start": "now"},
+                {**doc, "ev": [None, None]}):
+        with pytest.raises(RecordError):
+            decode_record(json.dumps(bad).encode())
+    # never any content: only the fields listed
+    assert set(doc) == {"v", "t", "run", "agent", "version", "scenario", "start", "ev",
+                        "scores"}
+
+
+def test_checkpoint_from_before_recent_evaluations_loads() -> None:
+    st = PartitionState(2, next_offset=7)
+    st.recent_run_ids["r1"] = None
+    del st.__dict__["recent_evaluations"]  # as written by a version without the field
+    for data in (encode_state(st), legacy_pickled_state(st)):
+        back = decode_state(data)
+        assert back.recent_evaluations == OrderedDict()
+        assert list(back.recent_run_ids) == ["r1"] and back.next_offset == 7
+
+
+def legacy_pickled_state(st: PartitionState) -> bytes:
+    """A checkpoint as the previous version wrote it: schema 1, a pickle."""
+    import pickle
+
+    header = json.dumps({"v": 1, "partition": st.partition, "next_offset": st.next_offset,
+                         "runs": st.runs_processed})
+    return header.encode() + b"\n" + pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def test_checkpoints_are_data_and_old_pickled_ones_still_load() -> None:
+    """A detector's checkpoint is JSON (schema 2, service/statecodec.py), and a worker
+    given the state continues with the same alarms; a schema-1 pickle still loads."""
+    runs = recorded_runs()
+    whole = Engine(CONFIG.detectors)
+    expected = [e.to_dict() for r in runs for e in whole.process(r)]
+    first = Engine(CONFIG.detectors)
+    got = [e.to_dict() for r in runs[:len(runs) // 2] for e in first.process(r)]
+    st = PartitionState(0, next_offset=len(runs) // 2)
+    st.streams, st.latest_frozen = first.partition_state()
+    data = encode_state(st)
+    head, _, body = data.partition(b"\n")
+    assert json.loads(head)["v"] == 2 and body[:1] == b"["
+    json.loads(body)  # JSON, not a pickle
+    for blob in (data, legacy_pickled_state(st)):
+        back = decode_state(blob)
+        eng = Engine(CONFIG.detectors)
+        eng.load_streams(back.streams, back.latest_frozen, back.dropped)
+        assert got + [e.to_dict() for r in runs[len(runs) // 2:]
+                      for e in eng.process(r)] == expected
