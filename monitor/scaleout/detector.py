@@ -21,6 +21,12 @@ counter is part of the state), which alarm consumers drop.
 dropped (``assaywatch_spans_dropped_total{reason="duplicate_run"}``): a re-publishing
 assembler changes nothing.
 
+**Commands.** ``POST /api/rebaseline`` and ``/api/streams/delete`` on any worker write a
+command record to the runs topic with the stream's key (:meth:`DetectorWorker.request`);
+the owner applies it in order with the stream's runs (``Engine.rebaseline`` /
+``delete_stream``; one for a stream it does not have is counted
+``command_without_stream``).
+
 **Evaluations.** An evaluation record (an evaluation that reached the assembler after its
 run's record was published, ``records.encode_evaluation``) goes to
 ``Engine.process_evaluation`` as the single monitor does after the runs of a poll; its alarms
@@ -47,6 +53,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,13 +72,16 @@ from assaywatch.monitor.scaleout.clients import KafkaUnavailable, base_config, r
 from assaywatch.monitor.scaleout.records import (
     PartitionState,
     RecordError,
+    StreamCommand,
     alarm_record,
     chain_step,
     decode_record,
     decode_state,
+    encode_command,
     encode_state,
     evaluation_id,
     evaluator_names,
+    partition_key,
     state_key,
 )
 from assaywatch.monitor.scaleout.settings import KafkaSettings
@@ -87,9 +97,12 @@ class FatalWorkerError(RuntimeError):
 class EngineGroup:
     """The engines of the assigned partitions, read as one by the exporters."""
 
-    def __init__(self, config: DetectorConfig, engines: dict[int, Engine]) -> None:
+    def __init__(self, config: DetectorConfig, engines: dict[int, Engine],
+                 command: Callable[[str, StreamKey], bool] | None = None) -> None:
         self.config = config
         self._engines = engines
+        #: publishes a command record (``DetectorWorker.request``)
+        self._command = command
 
     def _total(self, counts: str) -> Counter[str]:
         total: Counter[str] = Counter()
@@ -120,13 +133,15 @@ class EngineGroup:
         return None
 
     def rebaseline(self, key: StreamKey) -> bool:
-        """Not over Kafka: a re-baseline must be an input every replay sees, and a POST to
-        one worker is not. Rebuild the baseline offline and restart with it instead."""
-        return False
+        """Over Kafka a re-baseline is an input: a command record in the runs topic, with
+        the stream's key, applied by the worker that owns the stream in order with its runs
+        (so a restore or a replay of the topic sees it at the same place). True when the
+        record is written (whichever worker owns the stream, or none)."""
+        return self._command is not None and self._command("rebaseline", key)
 
     def delete_stream(self, key: StreamKey) -> bool:
-        """Not over Kafka either, for the same reason (idle expiry still applies)."""
-        return False
+        """A deletion, as a command record like :meth:`rebaseline`."""
+        return self._command is not None and self._command("delete", key)
 
 
 class _PipelineView:
@@ -186,7 +201,7 @@ class DetectorWorker:
         self.counters = IngestCounters()  # the exporters' edge counters: none here
         self.parts: dict[int, PartitionState] = {}
         self.engines: dict[int, Engine] = {}
-        self.engine = EngineGroup(config.detectors, self.engines)
+        self.engine = EngineGroup(config.detectors, self.engines, self.request)
         self.pipeline = _PipelineView(self.lock)
         self.lag: dict[int, int] = {}
         self.runs_processed = 0
@@ -196,6 +211,7 @@ class DetectorWorker:
         self._since_checkpoint = 0
         self._consumer: Any = None
         self._producer: Any = None
+        self._command_producer: Any = None
         self._restorer: Any = None
         self._delivery_error: str | None = None
         #: alarm records of the open transaction (produced again if it must be redone)
@@ -237,6 +253,35 @@ class DetectorWorker:
             self._producer = ck.Producer(pc)
         if self.transactional:
             self._producer.begin_transaction()
+
+    # -- commands (POST /api/rebaseline, /api/streams/delete) ----------------------------
+    def request(self, action: str, key: StreamKey) -> bool:
+        """Write a command record for ``key`` to the runs topic (its own idempotent
+        producer: the worker's may be transactional); True once the broker has it."""
+        ck = require_kafka()
+        if self._command_producer is None:
+            self._command_producer = ck.Producer({
+                **base_config(self.settings), "enable.idempotence": True, "acks": "all",
+                "client.id": f"assaywatch-detector-{self.settings.instance_id or 'dynamic'}"
+                             "-commands"})
+        errors: list[Any] = []
+        cmd = StreamCommand(action, key, uuid.uuid4().hex)
+        self._command_producer.produce(
+            self.settings.runs_topic, value=encode_command(cmd), key=partition_key(key),
+            on_delivery=lambda err, msg: errors.append(err))
+        left = self._command_producer.flush(10)
+        ok = not left and errors == [None]
+        logger.warning("detector: %s of %s %s (command %s)", action, key,
+                       "written to the runs topic" if ok else f"NOT written: {errors}", cmd.id)
+        return ok
+
+    def _command(self, eng: Engine, cmd: StreamCommand) -> None:
+        ok = (eng.rebaseline(cmd.key) if cmd.action == "rebaseline"
+              else eng.delete_stream(cmd.key))
+        if not ok:
+            eng.dropped["command_without_stream"] += 1
+        logger.warning("detector: applied %s of %s (command %s): %s", cmd.action, cmd.key,
+                       cmd.id, "done" if ok else "no such stream")
 
     # -- restore -----------------------------------------------------------------------
     def _restore(self, partition: int) -> PartitionState:
@@ -356,6 +401,10 @@ class DetectorWorker:
         except RecordError as exc:
             eng.dropped["bad_run_record"] += 1
             logger.warning("detector: partition %d offset %d: %s", p, off, exc)
+            return
+        if isinstance(rec, StreamCommand):
+            self._since_checkpoint += 1
+            self._command(eng, rec)
             return
         if isinstance(rec, LateEvaluation):
             eid = evaluation_id(rec.run_id, evaluator_names(rec))

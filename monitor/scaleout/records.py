@@ -22,6 +22,12 @@ A record without ``"t"`` is a run record (records written before evaluations tra
 :func:`decode_record` tells them apart. Its identity is (run id, evaluator names):
 :func:`evaluation_id`.
 
+**Command record** (same topic, the stream's key): ``{"v": 1, "t": "rebaseline" | "delete",
+"agent", "version", "scenario", "id"}``, a :class:`StreamCommand` written by a detector
+worker's ``POST /api/rebaseline`` or ``/api/streams/delete``: the worker that owns the
+stream applies it in order with the stream's runs, so a restore or a replay of the topic
+sees it at the same place.
+
 **Alarm record** (topic ``assaywatch.alarms``): ``AlarmEvent.to_dict()`` plus ``id`` and
 ``episode``. ``episode`` counts the onsets of (stream, detector), kept in the checkpointed
 state, so a worker that re-processes runs after a crash recomputes the same episode and the
@@ -62,6 +68,8 @@ STATE_SCHEMA = 2
 PICKLED_STATE_SCHEMA = 1
 #: The ``"t"`` of an evaluation record (a run record has none).
 EVALUATION_TYPE = "evaluation"
+#: The ``"t"`` of the command records.
+COMMAND_TYPES = ("rebaseline", "delete")
 
 
 class RecordError(ValueError):
@@ -180,9 +188,33 @@ def _evaluation_of(doc: dict[str, Any]) -> LateEvaluation:
         labels={str(k): str(v) for k, v in dict(doc.get("labels", {})).items()})
 
 
-def decode_record(data: bytes) -> Run | LateEvaluation:
-    """A run record's :class:`Run` or an evaluation record's :class:`LateEvaluation`;
-    :class:`RecordError` for anything else."""
+@dataclass(frozen=True)
+class StreamCommand:
+    """A re-baseline or a deletion of one stream, as an input of the runs topic."""
+
+    action: str  # one of COMMAND_TYPES
+    key: StreamKey
+    id: str
+
+
+def encode_command(cmd: StreamCommand) -> bytes:
+    if cmd.action not in COMMAND_TYPES:
+        raise ValueError(f"command {cmd.action!r}: one of {COMMAND_TYPES}")
+    return json.dumps({"v": RUN_SCHEMA, "t": cmd.action, "agent": cmd.key.agent,
+                       "version": cmd.key.version, "scenario": cmd.key.scenario,
+                       "id": cmd.id}, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _command_of(doc: dict[str, Any]) -> StreamCommand:
+    fields = [doc["agent"], doc["version"], doc["scenario"], doc["id"]]
+    if not all(isinstance(f, str) for f in fields):
+        raise TypeError("a command's stream and id are strings")
+    return StreamCommand(doc["t"], StreamKey(*fields[:3]), fields[3])
+
+
+def decode_record(data: bytes) -> Run | LateEvaluation | StreamCommand:
+    """A run record's :class:`Run`, an evaluation record's :class:`LateEvaluation` or a
+    command record's :class:`StreamCommand`; :class:`RecordError` for anything else."""
     try:
         doc = json.loads(data)
         if not isinstance(doc, dict) or doc.get("v") != RUN_SCHEMA:
@@ -191,9 +223,11 @@ def decode_record(data: bytes) -> Run | LateEvaluation:
         kind = doc.get("t")
         if kind is None:
             return _run_of(doc)
+        if kind in COMMAND_TYPES:
+            return _command_of(doc)
         if kind != EVALUATION_TYPE:
-            raise RecordError(f"record type {kind!r}; this version reads run and "
-                              f"{EVALUATION_TYPE!r} records")
+            raise RecordError(f"record type {kind!r}; this version reads run, "
+                              f"{EVALUATION_TYPE!r} and command {COMMAND_TYPES} records")
         return _evaluation_of(doc)
     except RecordError:
         raise

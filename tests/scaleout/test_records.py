@@ -200,3 +200,21 @@ def test_checkpoints_are_data_and_old_pickled_ones_still_load() -> None:
         eng.load_streams(back.streams, back.latest_frozen, back.dropped)
         assert got + [e.to_dict() for r in runs[len(runs) // 2:]
                       for e in eng.process(r)] == expected
+
+
+def test_command_records_round_trip() -> None:
+    from assaywatch.monitor.scaleout.records import StreamCommand, encode_command
+
+    key = StreamKey("a", "1", "s")
+    for action in ("rebaseline", "delete"):
+        cmd = StreamCommand(action, key, "id-1")
+        assert decode_record(encode_command(cmd)) == cmd
+    with pytest.raises(ValueError):
+        encode_command(StreamCommand("wipe", key, "x"))
+    for bad in ({"v": 1, "t": "rebaseline", "agent": "a", "version": "1", "scenario": 3,
+                 "id": "x"},
+                {"v": 1, "t": "delete", "agent": "a"},
+                {"v": 1, "t": "wipe", "agent": "a", "version": "1", "scenario": "s",
+                 "id": "x"}):
+        with pytest.raises(RecordError):
+            decode_record(json.dumps(bad).encode())
