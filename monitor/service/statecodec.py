@@ -97,6 +97,15 @@ def _factory_name(f: Any) -> str:
     return ""
 
 
+def _ordered(items: set[Any] | frozenset[Any]) -> list[Any]:
+    """A set's items sorted when they compare (the same state gives the same bytes,
+    whatever order the set iterates in), else as they come."""
+    try:
+        return sorted(items)
+    except TypeError:
+        return list(items)
+
+
 @functools.cache
 def _slot_names(cls: type) -> tuple[str, ...]:
     out: list[str] = []
@@ -148,7 +157,7 @@ class _Encoder:
         if t is tuple:
             return ["t", *map(self.enc, x)]
         if t is frozenset:
-            return ["fs", *map(self.enc, x)]
+            return ["fs", *map(self.enc, _ordered(x))]
         if t is bytes:
             return ["b", base64.b64encode(x).decode("ascii")]
         if t is complex:
@@ -175,7 +184,7 @@ class _Encoder:
         if t is dict:
             return self.pairs("d", x)
         if t is set:
-            return ["s", *map(self.enc, x)]
+            return ["s", *map(self.enc, _ordered(x))]
         if t is OrderedDict:
             return self.pairs("od", x)
         if t is Counter:
