@@ -88,6 +88,12 @@ from assaywatch.analyzers.detectors.multichart import (
 )
 from assaywatch.analyzers.detectors.score import ScoreSummary, best_lambda
 from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl
+from assaywatch.analyzers.detectors.toolcounts import (
+    call_shares,
+    swap_llr,
+    swap_weights,
+    tool_counts,
+)
 
 __all__ = ["BaselineData", "CalibrationSettings", "Thresholds", "calibrate", "cusum_arl"]
 
@@ -131,6 +137,11 @@ class CalibrationSettings:
     clip: float = 3.0
     #: the drop of a mean score (fraction of its scale) the score detectors are tuned for
     score_shift: float = 0.1
+    #: tool-swap charts on the call counts' likelihood ratio (``toolcounts.py``): only for
+    #: a sample of real runs' fingerprints (counts are exact there, not in Gaussian draws)
+    tool_counts: bool = False
+    #: fraction of a tool's calls a swap chart on the counts is designed for
+    tool_shift: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -150,9 +161,11 @@ class Thresholds:
     #: evaluator -> the threshold (nats) of its score detector (``score_threshold``) or of
     #: its label detector (``label.label_threshold``)
     scores: Mapping[str, float] = field(default_factory=dict)
+    #: the fingerprint thresholds are for swap charts on the call counts (``toolcounts``)
+    tool_counts: bool = False
 
 
-def _chart_h(level: float, theta: F64, mu: F64, sd: F64, h_min: float) -> F64:
+def _chart_h(level: float, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
     """Per chart, the h with ARL e^level (bisection on the monotone formula), at least
     ``h_min``."""
     lo, hi = np.full_like(theta, h_min), np.full_like(theta, _MAX_H)
@@ -166,7 +179,8 @@ def _chart_h(level: float, theta: F64, mu: F64, sd: F64, h_min: float) -> F64:
 def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf: float,
                  rng: np.random.Generator) -> tuple[F64 | None, float]:
     det = MultichartCUSUM(data.mean, data.cov, k=s.k, h=1.0, clip=s.clip,
-                          feature_names=data.feature_names)
+                          feature_names=data.feature_names, tool_counts=s.tool_counts,
+                          tool_shift=s.tool_shift)
     x = np.asarray(data.sample, dtype=np.float64)
     m = len(det.labels)
     if m == 0 or x.shape[0] < 2:
@@ -175,7 +189,10 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     sd0 = np.sqrt(np.clip(np.diag(np.asarray(data.cov)), 0.0, None))
     labels, vecs = shift_directions(det.feature_labels, mean, sd0, det.min_sd,
                                     det.max_swap_tools)
-    vecs = vecs[[labels.index(lab) for lab in det.labels]]
+    # the swap charts on the call counts have no projection: a zero row, law replaced below
+    zero = np.zeros((1, mean.size))
+    vecs = np.vstack([vecs, zero])[[labels.index(lab) if lab in labels and j not in det._swap
+                                    else len(labels) for j, lab in enumerate(det.labels)]]
     # The projections y are clipped to [-clip, clip]: their law is kept as a histogram of
     # _BINS bins per chart (bin centres as values), which makes every mgf evaluation below
     # cost (reps, charts, bins) instead of (reps, charts, runs).
@@ -196,6 +213,7 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         return h
 
     hists = [histogram(mean, det.projections)]
+    means = [mean]
     for _ in range(s.reps):
         # a bootstrap baseline of the baseline's size: multinomial weights on the sample
         w = np.bincount(rng.integers(0, n, size=big_n), minlength=n) / big_n
@@ -204,12 +222,15 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         cov_b = np.einsum("nd,n,ne->de", xc, w, xc) * big_n / (big_n - 1)
         proj_b, _ = projection(cov_b, vecs, det.min_sd, det.eig_tol)
         hists.append(histogram(mean_b, proj_b))
+        means.append(mean_b)
     hist = np.array(hists)  # (reps + 1, m, bins): the law of y under P-hat
     values = np.concatenate([np.tile(centres - s.k, (m, 1)), np.tile(-centres - s.k, (m, 1))])
     weights = np.concatenate([hist, hist], axis=1)
     theta, mu, sd = _adjustment(values, weights)
     target_rate = share / s.arl0
-    h_min = s.clip  # one run never alarms on its own
+    h_min = np.full(2 * m, s.clip)  # one run never alarms on its own
+    if det._swap.size:
+        _count_laws(det, x, np.array(means), (theta, mu, sd), h_min)
 
     def union_rate(level: float) -> float:
         h = _chart_h(level, theta[0], mu[0], sd[0], h_min)
@@ -223,6 +244,24 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
             lo, hi = (mid, hi) if union_rate(mid) > target_rate else (lo, mid)
         lo = hi
     return _chart_h(lo, theta[0], mu[0], sd[0], h_min).reshape(2, m), lo
+
+
+def _count_laws(det: MultichartCUSUM, x: F64, means: F64, laws: tuple[F64, F64, F64],
+                h_min: F64) -> None:
+    """Replace, in ``laws`` (theta, mu, sd of shape (reps + 1, 2m)), those of the swap
+    charts on the call counts by their increments' law: the clipped LLR of every sampled
+    run (uniform weights: the law P-hat) under the call shares of each bootstrap
+    baseline's mean (``means``, (reps + 1, d)); their ``h_min`` is the clip."""
+    a, b, j = det._pa, det._pb, det._swap
+    counts = tool_counts(x, det._steps_col, det._tool_cols)  # (n, tools)
+    w = swap_weights(call_shares(means, det._tool_cols), a, b, det.tool_shift)
+    ll = swap_llr(counts[None, :, :], w[:, None], a, b, det.count_clip)  # (B, n, 2, P)
+    vals = np.moveaxis(ll, 1, -1).reshape(means.shape[0], 2 * j.size, counts.shape[0])
+    th, mu, sd = _adjustment(vals, np.full(vals.shape, 1.0 / counts.shape[0]))
+    cols = np.concatenate([j, j + len(det.labels)])
+    for dst, src in zip(laws, (th, mu, sd), strict=True):
+        dst[:, cols] = src
+    h_min[cols] = det.count_clip
 
 
 def _pass_rate(data: BaselineData, delta: float, arl0: float, conf: float
@@ -324,7 +363,8 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
             h_scores[name] = label_threshold(lab, settings.score_shift,
                                              settings.arl0 / share_each, det_conf,
                                              max(LABEL_REPS, settings.reps), rng_l)
-    return Thresholds(h_pass, h_fp, p0_pass, level, conf, disabled, h_scores)
+    return Thresholds(h_pass, h_fp, p0_pass, level, conf, disabled, h_scores,
+                      tool_counts=settings.tool_counts)
 
 
 def evaluator_labels(evaluators: Mapping[str, Any], labels: Mapping[str, Any]

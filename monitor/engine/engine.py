@@ -488,7 +488,9 @@ class Engine:
         settings = CalibrationSettings(
             arl0=cfg.arl0, confidence=cfg.arl0_confidence, shares=shares,
             k=cfg.fingerprint_shift / 2, delta=cfg.delta, reps=cfg.bootstrap_reps,
-            score_shift=self.score_shift)
+            score_shift=self.score_shift,
+            # swap charts on the call counts need real runs' fingerprints (toolcounts.py)
+            tool_counts=source != "gaussian")
         data = BaselineData(mean=base.mean, cov=base.cov, n_runs=max(2, base.n_runs),
                             passes=base.passes, fails=base.fails, sample=sample,
                             feature_names=base.feature_names, evaluators=base.evaluators,
@@ -645,7 +647,8 @@ class Engine:
             makers["cusum_fingerprint"] = lambda: MultichartCUSUM(
                 mean=base.mean, cov=base.cov, k=cfg.fingerprint_shift / 2, h=h_fp,
                 arl0=cfg.arl0 / max(self._share("cusum_fingerprint", base), 1e-12),
-                feature_names=list(base.feature_names))
+                feature_names=list(base.feature_names),
+                tool_counts=bool(getattr(th, "tool_counts", False)))
         dets: dict[str, Any] = {}
         st.disabled = dict(th.disabled)
         for name, make in makers.items():

@@ -1,0 +1,99 @@
+r"""Count-aware tool-swap charts: the multinomial likelihood ratio of a share swap.
+
+What it computes
+----------------
+A fingerprint (``analyzers/fingerprint.py``) keeps ``steps = log1p(L)`` and, per tool of
+the inventory, ``tool:<name> = c / L`` with c the calls of that tool: the per-run call
+counts are exact, :math:`c = \mathrm{rint}(\mathrm{share} \cdot \mathrm{expm1}(steps))`
+(:func:`tool_counts`). The baseline's call shares :math:`p` are taken from its mean tool
+columns (:func:`call_shares`; proportional to the per-call shares when the number of calls
+does not depend on which tool is chosen).
+
+A swap of share from tool a to tool b moving a fraction r of a's calls to b is, per call,
+the multinomial :math:`p_a \to (1 - r) p_a`, :math:`p_b \to p_b + r p_a`; its
+log-likelihood ratio for a run with :math:`n_a, n_b` calls of a and b is
+
+.. math::
+
+    \ell_{a \to b} = n_a \log(1 - r) + n_b \log\Big(1 + r \frac{p_a}{p_b}\Big),
+
+negative on average in control (minus the Kullback-Leibler divergence per call times the
+calls) and positive after such a swap: the CUSUM :math:`S \leftarrow \max(0, S + \ell)`
+needs no reference value. Each run's :math:`\ell` is clipped to ``[-clip, clip]`` nats so
+one odd run cannot alarm on its own. ``MultichartCUSUM(tool_counts=True)`` uses these in
+place of the Gaussian swap charts (``up`` = a to b, ``down`` = b to a); its thresholds come
+from the bootstrap of the baseline's runs (``bootstrap.py``), which resamples whole runs,
+so over-dispersed call counts and within-run correlation are in the calibration.
+
+Choices and why
+---------------
+* The Gaussian chart on the shares sees a run of five calls and one of fifty alike and
+  takes the share as normal; the count LR weighs each call, which is what a tool swap
+  changes. On the realistic world (tests/realworld) one such chart alone detects a swap
+  1.2-3.8 times sooner than the best Gaussian chart on the fingerprint at the same ARL0.
+* ``r`` = 0.2 (a fifth of a's calls go to b): the delays measured for r in 0.1-0.5 differ
+  by under 20% on the realistic world's swaps (share 0.12-0.29 of runs, all calls).
+
+Examples
+--------
+>>> import numpy as np
+>>> x = np.array([[np.log1p(10), 0.3, 0.2], [np.log1p(4), 0.0, 0.5]])
+>>> tool_counts(x, 0, np.array([1, 2])).tolist()
+[[3.0, 2.0], [0.0, 2.0]]
+>>> w = swap_weights(np.array([0.5, 0.5]), np.array([0]), np.array([1]), 0.2)
+>>> [round(float(v), 3) for v in w[0, 0]], [round(float(v), 3) for v in w[1, 0]]
+([-0.223, 0.182], [0.182, -0.223])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["call_shares", "swap_llr", "swap_weights", "tool_counts"]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+#: floor of a tool's call share (a tool never seen would give an infinite ratio)
+MIN_SHARE = 1e-3
+
+
+def tool_counts(x: F64, steps_col: int, tool_cols: I64) -> F64:
+    """Per run (rows of ``x``), the calls of each tool of ``tool_cols`` (module doc)."""
+    arr = np.asarray(x, dtype=np.float64)
+    steps = np.rint(np.expm1(np.clip(arr[..., steps_col], 0.0, 50.0)))
+    c: F64 = np.rint(np.clip(arr[..., tool_cols], 0.0, 1.0) * steps[..., None])
+    return c
+
+
+def call_shares(mean: F64, tool_cols: I64) -> F64:
+    """The baseline's per-call share of each tool of ``tool_cols``, from its mean tool
+    columns (floored at ``MIN_SHARE`` and normalised)."""
+    m = np.clip(np.asarray(mean, dtype=np.float64)[..., tool_cols], 0.0, None)
+    total = m.sum(axis=-1, keepdims=True)
+    p = np.where(total > 0, m / np.where(total > 0, total, 1.0), 1.0 / max(1, m.shape[-1]))
+    p = np.maximum(p, MIN_SHARE)
+    out: F64 = p / p.sum(axis=-1, keepdims=True)
+    return out
+
+
+def swap_weights(p: F64, a: I64, b: I64, r: float) -> F64:
+    """Per-call log ratios, shape (..., 2, pairs, 2): [up|down, pair, (a, b)]; ``up`` is
+    the swap a to b, ``down`` b to a (``p`` the call shares, indexed by ``a`` and ``b``)."""
+    if not 0.0 < r < 1.0:
+        raise ValueError(f"tool_shift={r!r} must be a fraction of calls in (0, 1)")
+    pa, pb = p[..., a], p[..., b]
+    lr = np.log1p(-r) * np.ones_like(pa)
+    up = np.stack([lr, np.log1p(r * pa / pb)], axis=-1)
+    down = np.stack([np.log1p(r * pb / pa), lr], axis=-1)
+    out: F64 = np.stack([up, down], axis=-3)
+    return out
+
+
+def swap_llr(counts: F64, weights: F64, a: I64, b: I64, clip: float) -> F64:
+    """Clipped per-run LLRs, shape (..., 2, pairs), of runs with ``counts`` (..., tools)
+    under ``weights`` (2, pairs, 2) from :func:`swap_weights`."""
+    na, nb = counts[..., a], counts[..., b]
+    ll = (na[..., None, :] * weights[..., 0] + nb[..., None, :] * weights[..., 1])
+    out: F64 = np.clip(ll, -clip, clip)
+    return out
