@@ -95,6 +95,9 @@ def register(sub: Any) -> None:
                    help="checkpoint in Kafka transactions (default auto)")
     d.add_argument("--checkpoint-seconds", type=float, metavar="S",
                    help="seconds between checkpoints (default 1)")
+    d.add_argument("--reorder-seconds", type=float, metavar="S",
+                   help="process each partition's runs in end-time order within this "
+                        "window (default 0: arrival order)")
     d.set_defaults(func=run_detect)
 
 
@@ -253,7 +256,8 @@ def run_detect(args: argparse.Namespace) -> int:
 
     cfg, ks = _settings(args, {"state_topic": "state_topic", "alarms_topic": "alarms_topic",
                                "transactions": "transactions",
-                               "checkpoint_seconds": "checkpoint_seconds"})
+                               "checkpoint_seconds": "checkpoint_seconds",
+                               "reorder_seconds": "reorder_seconds"})
     baselines = load_baselines(list(cfg.baselines) + list(args.baseline or []))
     worker = DetectorWorker(ks, cfg, baselines)
     worker.extra_collector = WorkerCollector(worker)  # type: ignore[attr-defined]

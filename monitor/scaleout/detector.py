@@ -37,10 +37,15 @@ evaluations is dropped (``reason="duplicate_evaluation"``), and so is one for an
 whose score or label the run's own record already carried (the assembler read the event
 again after a crash, and this time the run had closed before it came).
 
-**Ordering guarantee.** Runs of a stream are processed in the order their records land in
-the partition, each once; a stream (all versions of an agent's scenario) lives in one
-partition. ``replay`` orders runs by end time; both agree when runs of a stream are
-published in end order (see ``assembler.py``).
+**Ordering guarantee.** Runs of a stream are processed each once; a stream (all versions of
+an agent's scenario) lives in one partition. With ``reorder_seconds`` 0 they are processed
+in the order their records land in the partition, which agrees with ``replay``'s end-time
+order when runs of a stream are published in end order (see ``assembler.py``). With a
+reorder window W, every record is held (in the checkpointed state) until the partition has
+seen a run ending W later, or W of wall time passed without a record, and the held records
+are processed in (end time, run id) order, a late evaluation or a command after every run
+that ended before it came: replay's order, whenever no run lands more than W of end time
+late (after an assembler crash: the session timeout + the grace + a poll).
 
 **Metrics.** ``/metrics`` is the exporters' :class:`MonitorCollector` over this worker's
 engines (:class:`EngineGroup`): only the assigned partitions' streams, so a revoked stream's
@@ -50,6 +55,7 @@ series leave this worker and appear at its new owner; dashboards sum over instan
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -62,7 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from assaywatch.analyzers.baseline import Baseline
-from assaywatch.analyzers.model import StreamKey
+from assaywatch.analyzers.model import Run, StreamKey
 from assaywatch.monitor.config import DetectorConfig, MonitorConfig
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent, StreamState
@@ -396,40 +402,82 @@ class DetectorWorker:
             return  # revoked, or already inside the restored state
         state.next_offset = off + 1
         self._dirty.add(p)
+        raw = m.value() or b""
         try:
-            rec = decode_record(m.value() or b"")
+            rec = decode_record(raw)
         except RecordError as exc:
             eng.dropped["bad_run_record"] += 1
             logger.warning("detector: partition %d offset %d: %s", p, off, exc)
             return
-        if isinstance(rec, StreamCommand):
-            self._since_checkpoint += 1
-            self._command(eng, rec)
-            return
+        # duplicates are recognised as they arrive (a re-published copy is never held)
         if isinstance(rec, LateEvaluation):
             eid = evaluation_id(rec.run_id, evaluator_names(rec))
             if eid in state.recent_evaluations:
                 eng.dropped["duplicate_evaluation"] += 1
                 return
             self._remember_evaluation(state, eid)
-            self._since_checkpoint += 1
+        elif isinstance(rec, Run):
+            rid = rec.run_id
+            if rid in state.recent_run_ids:
+                eng.dropped["duplicate_run"] += 1
+                state.duplicates += 1
+                return
+            state.recent_run_ids[rid] = None
+            if len(state.recent_run_ids) > self.settings.dedup_runs:
+                state.recent_run_ids.popitem(last=False)
+            for name in [*rec.scores, *rec.labels]:  # a later copy of these is a duplicate
+                self._remember_evaluation(state, evaluation_id(rid, [name]))
+        window_ns = int(self.settings.reorder_seconds * 1e9)
+        if window_ns <= 0:
+            self._handle(state, eng, rec)
+            return
+        state.arrivals += 1
+        state.last_arrival = time.time()
+        if isinstance(rec, Run):
+            state.max_end_ns = max(state.max_end_ns, rec.end_ns)
+            entry = (rec.end_ns, 0, rec.run_id, state.arrivals, raw)
+        else:  # after every run that ended before it came
+            entry = (state.max_end_ns, 1, "", state.arrivals, raw)
+        bisect.insort(state.pending, entry)
+        self._release(p, state.max_end_ns - window_ns)
+
+    def _release(self, p: int, limit_ns: int) -> None:
+        """Process, in order, the held records of partition ``p`` whose time is at most
+        ``limit_ns`` (the reorder window, ``reorder_seconds``)."""
+        state, eng = self.parts[p], self.engines[p]
+        n = bisect.bisect_right(state.pending, (limit_ns, 2))
+        if not n:
+            return
+        due, state.pending = state.pending[:n], state.pending[n:]
+        self._dirty.add(p)
+        for entry in due:
+            self._handle(state, eng, decode_record(entry[4]))
+
+    def _flush_idle(self) -> None:
+        """Release everything a partition holds once no record came for the window (wall
+        time): the last runs before a pause are not held until the next run."""
+        window = self.settings.reorder_seconds
+        if window <= 0:
+            return
+        now = time.time()
+        for p, state in list(self.parts.items()):
+            if state.pending and now - state.last_arrival >= window and p in self.engines:
+                self._release(p, state.pending[-1][0])
+
+    def _handle(self, state: PartitionState, eng: Engine,
+                rec: Run | LateEvaluation | StreamCommand) -> None:
+        """Process one record (a run, a late evaluation or a command) in the engine."""
+        self._since_checkpoint += 1
+        if isinstance(rec, StreamCommand):
+            self._command(eng, rec)
+            return
+        if isinstance(rec, LateEvaluation):
             self._alarms(state, eng.process_evaluation(rec))
             return
         run = rec
-        rid = run.run_id
-        if rid in state.recent_run_ids:
-            eng.dropped["duplicate_run"] += 1
-            state.duplicates += 1
-            return
-        state.recent_run_ids[rid] = None
-        if len(state.recent_run_ids) > self.settings.dedup_runs:
-            state.recent_run_ids.popitem(last=False)
-        for name in [*run.scores, *run.labels]:  # a later copy of these is a duplicate
-            self._remember_evaluation(state, evaluation_id(rid, [name]))
-        state.chains[run.key] = chain_step(state.chains.get(run.key), rid)
+        state.chains[run.key] = chain_step(state.chains.get(run.key), run.run_id)
         state.runs_processed += 1
         self.runs_processed += 1
-        self._since_checkpoint += 1
         self._alarms(state, eng.process(run))
 
     def _alarms(self, state: PartitionState, events: list[AlarmEvent]) -> None:
@@ -563,6 +611,7 @@ class DetectorWorker:
                                 logger.warning("detector: consume error %s", err)
                             continue
                         self._process(m)
+                    self._flush_idle()
                     self._producer.poll(0)
                     now = time.monotonic()
                     if (now - last >= s.checkpoint_seconds

@@ -292,6 +292,15 @@ class PartitionState:
     runs_processed: int = 0
     duplicates: int = 0
     recent_evaluations: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    #: records held by the reorder window (``reorder_seconds``), sorted: (time ns, 0 for a
+    #: run / 1 for another record, run id, arrival number, the record's bytes); a run's
+    #: time is its end, another record's the latest run end seen when it came
+    pending: list[tuple[int, int, str, int, bytes]] = field(default_factory=list)
+    #: the latest run end seen (ns), the arrival counter, and when (Unix s) the last
+    #: record came (the window's wall-clock flush)
+    max_end_ns: int = 0
+    arrivals: int = 0
+    last_arrival: float = 0.0
 
 
 def chain_step(prev: tuple[int, str] | None, run_id: str) -> tuple[int, str]:

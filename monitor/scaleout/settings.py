@@ -60,6 +60,12 @@ class KafkaSettings:
     transaction_timeout_ms: int = field(default=15_000, metadata={
         "doc": "transaction.timeout.ms: how long a dead worker's open transaction blocks "
                "readers of the runs it wrote until the broker aborts it."})
+    reorder_seconds: float = field(default=0.0, metadata={
+        "doc": "Detectors: hold each record this many seconds of the runs' end times (or "
+               "of wall time when no newer run comes) and process a partition's runs in "
+               "(end time, run id) order, as replay does; 0: in arrival order. Set it above "
+               "session_timeout_ms + assembler.grace_seconds to keep the order through an "
+               "assembler crash; alarms come that much later."})
     dedup_runs: int = field(default=20_000, metadata={
         "doc": "Recent run ids remembered per partition to drop re-published runs."})
     poll_seconds: float = field(default=0.05, metadata={
@@ -105,6 +111,8 @@ class KafkaSettings:
                      "connect_timeout_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{where}: {name} must be > 0")
+        if not 0 <= self.reorder_seconds <= 3600:
+            raise ConfigError(f"{where}: reorder_seconds must be between 0 and 3600")
 
 
 def load_config(path: str | None) -> tuple[MonitorConfig, KafkaSettings]:
