@@ -63,9 +63,10 @@ class KafkaSettings:
     reorder_seconds: float = field(default=0.0, metadata={
         "doc": "Detectors: hold each record this many seconds of the runs' end times (or "
                "of wall time when no newer run comes) and process a partition's runs in "
-               "(end time, run id) order, as replay does; 0: in arrival order. Set it above "
-               "session_timeout_ms + assembler.grace_seconds to keep the order through an "
-               "assembler crash; alarms come that much later."})
+               "(end time, run id) order, as replay does; 0: in arrival order. Size it above "
+               "the lateness seen: an assembler crash's takeover (session_timeout_ms + "
+               "assembler.grace_seconds) plus lag differences between spans partitions; "
+               "alarms come that much later."})
     dedup_runs: int = field(default=20_000, metadata={
         "doc": "Recent run ids remembered per partition to drop re-published runs."})
     poll_seconds: float = field(default=0.05, metadata={
