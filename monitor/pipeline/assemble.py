@@ -60,7 +60,7 @@ from assaywatch.monitor.pipeline.outcome import (
     ContractRules,
     Evaluation,
 )
-from assaywatch.monitor.pipeline.runs import Node, build_runs
+from assaywatch.monitor.pipeline.runs import Node, build_runs, resource_names
 from assaywatch.monitor.pipeline.values import evaluation_of
 from assaywatch.monitor.receivers.spans import KIND_EVALUATION, IngestCounters, SpanRecord
 
@@ -92,9 +92,10 @@ def node_bytes(node: Node) -> int:
     header: the estimate stays an upper bound without charging a name twice. Message
     content is not kept (only its length), so it does not count."""
     n = node.norm
-    size = SPAN_BYTES + len(node.name) + sum(
-        len(x) for x in (n.tool, n.agent_name, n.agent_version, n.scenario, n.model,
-                         n.provider, node.service, node.service_version) if x)
+    # filter(None, ...) leaves out the absent (None) and empty names: C-level passes
+    size = SPAN_BYTES + len(node.name) + sum(map(len, filter(None, (
+        n.tool, n.agent_name, n.agent_version, n.scenario, n.model, n.provider,
+        node.service, node.service_version))))
     if n.evaluations:
         size += len(n.evaluations) * 2 * _ENTRY_BYTES
     if n.tool_definitions:
@@ -272,8 +273,12 @@ class Assembler:
         """Take a batch of spans (any order, any trace mix). Never raises for bad spans."""
         now = self.clock()
         counters = self.counters
+        key_attributes = self.key_attributes
+        # Spans of one ResourceSpans share their resource dict: its names are read once.
+        resource: object = None
+        names: tuple[str | None, str | None] = (None, None)
         with self._lock:
-            pending, idle = self._pending, self._idle
+            pending, idle, senders = self._pending, self._idle, self._senders
             for span in spans:
                 tid = span.trace_id
                 tr = pending.get(tid)
@@ -294,24 +299,28 @@ class Assembler:
                     tr.evals = self.join.take_waiting(tid)
                     pending[tid] = tr
                     idle[tid] = tr
-                    snd = self._senders.get(sender)
+                    snd = senders.get(sender)
                     if snd is None:
-                        snd = self._senders[sender] = _Sender()
+                        snd = senders[sender] = _Sender()
                     snd.traces[tid] = tr
                     snd.nbytes += TRACE_BYTES
                     self._bytes += TRACE_BYTES
                 sid = span.span_id
-                if sid in tr.nodes:
+                nodes = tr.nodes
+                if sid in nodes:
                     counters.add_dropped("duplicate_span")
                     continue
                 if not sid:
                     counters.add_dropped("bad_span")
                     continue
-                if len(tr.nodes) >= self.max_spans_per_trace:
+                if len(nodes) >= self.max_spans_per_trace:
                     counters.add_dropped("trace_too_large")
                     continue
                 try:
-                    node = Node(span, classify(span, self.key_attributes))
+                    if span.resource is not resource:
+                        names = resource_names(span.resource)
+                        resource = span.resource
+                    node = Node(span, classify(span, key_attributes), names)
                 except Exception:
                     if not self._logged_bad:  # once: a bad producer would flood the log
                         self._logged_bad = True
@@ -324,7 +333,7 @@ class Assembler:
                 idle.move_to_end(tid)
                 size = node_bytes(node)
                 tr.nbytes += size
-                self._senders[tr.sender].nbytes += size
+                senders[tr.sender].nbytes += size
                 self._bytes += size
                 limit = self.max_pending_bytes
                 while limit is not None and self._bytes > limit and pending:

@@ -45,7 +45,7 @@ Decisions (documented because they shape the fingerprint):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import KeysView, Mapping
 from dataclasses import dataclass
 
 from assaywatch.analyzers.model import Action
@@ -78,6 +78,9 @@ from assaywatch.monitor.pipeline.dialects import (
 )
 from assaywatch.monitor.pipeline.outcome import Evaluation
 from assaywatch.monitor.pipeline.values import (
+    COST_SOURCES,
+    EVALUATION_SOURCES,
+    OUTPUT_LENGTH_SOURCES,
     as_int,
     as_json,
     as_str,
@@ -216,20 +219,58 @@ def _handoff_target(span: SpanRecord, attrs: Mapping[str, AttrValue],
     return tool
 
 
-def _is_handoff(span: SpanRecord, attrs: Mapping[str, AttrValue], tool: str | None) -> bool:
-    return ("gen_ai.transfer.target.name" in attrs or span.name.startswith("handoff to ")
-            or (tool is not None and tool.startswith("transfer_to_")))
+#: Key sets of the look-ups ``classify`` skips when a span carries none of their keys: one
+#: C-level ``isdisjoint`` on the span's keys instead of a call and a look-up per key.
+_PROVIDER_SET = frozenset(PROVIDER_KEYS)
+_MODEL_SET = frozenset(MODEL_KEYS)
+_INPUT_SET = frozenset(INPUT_TOKEN_KEYS)
+_OUTPUT_SET = frozenset(OUTPUT_TOKEN_KEYS)
+_SCENARIO_SET = frozenset(SCENARIO_KEYS)
+_USAGE_DETAILS = "langfuse.observation.usage_details"
+
+
+def _str_at(attrs: Mapping[str, AttrValue], present: KeysView[str], keys: tuple[str, ...],
+            keyset: frozenset[str]) -> str | None:
+    """``as_str(first_value(attrs, keys))``; ``present`` is ``attrs.keys()`` and ``keyset``
+    the set of ``keys``. A non-empty string under the first key is the answer at once."""
+    v = attrs.get(keys[0])
+    if v.__class__ is str and v:
+        return v  # type: ignore[return-value]
+    if present.isdisjoint(keyset):
+        return None
+    return as_str(first_value(attrs, keys))
+
+
+def _tokens(attrs: Mapping[str, AttrValue], present: KeysView[str], keys: tuple[str, ...],
+            keyset: frozenset[str], detail: str) -> int:
+    """Token count under ``keys`` (first present wins), else Langfuse's usage details."""
+    v = attrs.get(keys[0])
+    if v.__class__ is int:
+        return v if v > 0 else 0  # type: ignore[operator,return-value]
+    if not present.isdisjoint(keyset):
+        v = first_value(attrs, keys)
+        if v is not None:
+            return as_int(v)
+    return usage_detail(attrs, detail) if _USAGE_DETAILS in present else 0
 
 
 def classify(span: SpanRecord, key_attributes: tuple[str, ...] = ()) -> NormalizedSpan:
     """Normalize one span. Pure, content-free, never keeps a reference to the span.
     ``key_attributes``: extra stream key attributes read on possible run roots."""
     attrs = span.attributes
-    kind, by = _kind(span, attrs)
+    present = attrs.keys()
+    op = attrs.get("gen_ai.operation.name")
+    kind = OPERATION_KINDS.get(op) if op.__class__ is str else None  # type: ignore[arg-type]
+    if kind is not None:  # the GenAI conventions' key decides most spans: rule 1 at once
+        by: str | None = "gen_ai.operation.name"
+    else:
+        kind, by = _kind(span, attrs)
     tool: str | None = None
     if kind is _TOOL:
-        tool = _tool_name(span, attrs, by)
-        if _is_handoff(span, attrs, tool):
+        v = attrs.get("gen_ai.tool.name")
+        tool = v if v.__class__ is str and v else _tool_name(span, attrs, by)  # type: ignore[assignment]
+        if ("gen_ai.transfer.target.name" in attrs or span.name.startswith("handoff to ")
+                or (tool is not None and tool.startswith("transfer_to_"))):  # a handoff
             kind = _HANDOFF
             tool = _handoff_target(span, attrs, tool)
     elif kind is _HANDOFF:
@@ -266,20 +307,19 @@ def classify(span: SpanRecord, key_attributes: tuple[str, ...] = ()) -> Normaliz
     cost: float | None = None
     out_len: int | None = None
     if kind is not _GENERIC:  # HTTP/DB spans carry no usage: skip the look-ups
-        provider = as_str(first_value(attrs, PROVIDER_KEYS))
+        provider = _str_at(attrs, present, PROVIDER_KEYS, _PROVIDER_SET)
         if provider is not None:
             provider = PROVIDER_RENAMES.get(provider, provider)
-        model = as_str(first_value(attrs, MODEL_KEYS))
-        v = first_value(attrs, INPUT_TOKEN_KEYS)
-        in_tok = as_int(v) if v is not None else usage_detail(attrs, "input")
-        v = first_value(attrs, OUTPUT_TOKEN_KEYS)
-        out_tok = as_int(v) if v is not None else usage_detail(attrs, "output")
-        cost = cost_of(attrs)
-        out_len = output_length_of(attrs)
+        model = _str_at(attrs, present, MODEL_KEYS, _MODEL_SET)
+        in_tok = _tokens(attrs, present, INPUT_TOKEN_KEYS, _INPUT_SET, "input")
+        out_tok = _tokens(attrs, present, OUTPUT_TOKEN_KEYS, _OUTPUT_SET, "output")
+        # each is None when the span carries none of the keys it reads
+        cost = None if present.isdisjoint(COST_SOURCES) else cost_of(attrs)
+        out_len = None if present.isdisjoint(OUTPUT_LENGTH_SOURCES) else output_length_of(attrs)
 
     error = span.status_code == STATUS_ERROR or "error.type" in attrs or (
         attrs.get("langfuse.observation.level") == "ERROR")
-    ev = evaluation_of(attrs)
+    ev = None if present.isdisjoint(EVALUATION_SOURCES) else evaluation_of(attrs)
     evaluations = [ev] if ev is not None else []
     for event in span.events:
         name = event.name
@@ -319,12 +359,10 @@ def classify(span: SpanRecord, key_attributes: tuple[str, ...] = ()) -> Normaliz
             if kv is not None and not isinstance(kv, (bytes, dict, tuple)):
                 found.append((k, str(share(str(kv)[:MAX_KEY_VALUE]))))
         key_values = tuple(found)
+    # Positional, in NormalizedSpan's field order: cheaper than keywords on the hot path.
     return NormalizedSpan(
-        kind=kind, action=ACTION_OF_KIND[kind], is_agent_span=is_agent,
-        is_entry=is_entry, tool=share(tool), agent_name=share(agent_name),
-        agent_version=share(version), scenario=share(as_str(first_value(attrs, SCENARIO_KEYS))),
-        model=share(model), provider=share(provider),
-        input_tokens=in_tok, output_tokens=out_tok, cost_usd=cost,
-        output_length=out_len if out_len is not None else out_tok, error=error,
-        evaluations=tuple(evaluations), tool_definitions=tool_defs, marks=marks,
-        key_values=key_values, graph_node=graph_node)
+        kind, ACTION_OF_KIND[kind], is_agent, is_entry, share(tool), share(agent_name),
+        share(version), share(_str_at(attrs, present, SCENARIO_KEYS, _SCENARIO_SET)),
+        share(model), share(provider), in_tok, out_tok, cost,
+        out_len if out_len is not None else out_tok, error, tuple(evaluations), tool_defs,
+        marks, key_values, graph_node)

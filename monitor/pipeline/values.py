@@ -20,7 +20,7 @@ from assaywatch.monitor.pipeline.dialects import (
     OUTPUT_LENGTH_KEY,
 )
 from assaywatch.monitor.pipeline.outcome import Evaluation
-from assaywatch.monitor.receivers.spans import AttrValue
+from assaywatch.monitor.receivers.spans import EVALUATION_OUTCOME_KEYS, AttrValue
 
 
 def as_str(v: AttrValue) -> str | None:
@@ -118,6 +118,15 @@ def indexed_length(attrs: Mapping[str, AttrValue], prefix: str, suffix: str) -> 
     return total
 
 
+_OUTPUT_MESSAGES = ("llm.output_messages.", ".message.content")
+_COMPLETIONS = ("gen_ai.completion.", ".content")
+#: Every key :func:`output_length_of` reads first (an indexed dialect's index 0): a span
+#: carrying none of them has no output length (``classify`` then skips the call).
+OUTPUT_LENGTH_SOURCES: frozenset[str] = frozenset({
+    OUTPUT_LENGTH_KEY, *OUTPUT_CONTENT_KEYS, "output.value",
+    f"{_OUTPUT_MESSAGES[0]}0{_OUTPUT_MESSAGES[1]}", f"{_COMPLETIONS[0]}0{_COMPLETIONS[1]}"})
+
+
 def output_length_of(attrs: Mapping[str, AttrValue]) -> int | None:
     """Output length in precedence order, or None when neither it nor content was captured.
 
@@ -130,14 +139,14 @@ def output_length_of(attrs: Mapping[str, AttrValue]) -> int | None:
     v = attrs.get("gen_ai.output.messages")
     if v is not None:
         return text_length(as_json(v))
-    n = indexed_length(attrs, "llm.output_messages.", ".message.content")
+    n = indexed_length(attrs, *_OUTPUT_MESSAGES)
     if n is not None:
         return n
     v = attrs.get("output.value")
     if v is not None:
         mime = attrs.get("output.mime_type")
         return text_length(as_json(v) if mime == "application/json" else v)
-    n = indexed_length(attrs, "gen_ai.completion.", ".content")
+    n = indexed_length(attrs, *_COMPLETIONS)
     if n is not None:
         return n
     for key in OUTPUT_CONTENT_KEYS[1:]:
@@ -158,17 +167,26 @@ def usage_detail(attrs: Mapping[str, AttrValue], key: str) -> int:
     return 0
 
 
+_COST_DETAILS = "langfuse.observation.cost_details"
+#: Every key :func:`cost_of` reads: a span carrying none of them has no cost.
+COST_SOURCES: frozenset[str] = frozenset({*COST_KEYS, _COST_DETAILS})
+
+
 def cost_of(attrs: Mapping[str, AttrValue]) -> float | None:
     v = first_value(attrs, COST_KEYS)
     if v is not None:
         return as_float(v)
-    raw = as_json(attrs.get("langfuse.observation.cost_details"))
+    raw = as_json(attrs.get(_COST_DETAILS))
     if isinstance(raw, dict):
         if "total" in raw:
             return as_float(raw["total"])
         vals = [f for f in (as_float(x) for x in raw.values()) if f is not None]
         return sum(vals) if vals else None
     return None
+
+
+#: The keys of an evaluation's outcome: :func:`evaluation_of` is None without them.
+EVALUATION_SOURCES: frozenset[str] = frozenset(EVALUATION_OUTCOME_KEYS)
 
 
 def evaluation_of(attrs: Mapping[str, AttrValue]) -> Evaluation | None:

@@ -86,16 +86,26 @@ def _spans_in(batch: list[SpanRecord]) -> int:
     return sum(1 for s in batch if s.kind != KIND_EVALUATION)
 
 
+#: Value types without items: an attribute dict holding only these has no nested values
+#: (one C-level pass settles it; the types are collected only otherwise).
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
 def _attrs_bytes(attrs: dict[str, object]) -> int:
     """Estimated bytes of an attribute dict's entries (its keys and values)."""
     if not attrs:
         return 0
     values = attrs.values()
     size = ATTR_BYTES * len(attrs) + sum(map(len, attrs)) + sum(map(_getsizeof, values))
-    kinds = set(map(type, values))
-    if tuple in kinds or dict in kinds:
+    if not _SCALARS.issuperset(map(type, values)) and _has_items(values):
         size += sum(_nested_bytes(v) for v in values if isinstance(v, (tuple, dict)))
     return size
+
+
+def _has_items(values: Iterable[object]) -> bool:
+    """Whether an array or a map is among ``values`` (tuple or dict, exactly)."""
+    kinds = set(map(type, values))
+    return tuple in kinds or dict in kinds
 
 
 def _nested_bytes(v: object, depth: int = 0) -> int:
@@ -123,7 +133,14 @@ def batch_bytes(batch: list[SpanRecord]) -> int:
     size = 64 + 8 * len(batch)  # the list
     resource = None
     for s in batch:
-        size += RECORD_BYTES + len(s.name) + len(s.status_message) + _attrs_bytes(s.attributes)
+        size += RECORD_BYTES + len(s.name) + len(s.status_message)
+        attrs = s.attributes
+        if attrs:  # _attrs_bytes inlined: this loop runs for every span received
+            values = attrs.values()
+            size += (ATTR_BYTES * len(attrs) + sum(map(len, attrs))
+                     + sum(map(_getsizeof, values)))
+            if not _SCALARS.issuperset(map(type, values)) and _has_items(values):
+                size += sum(_nested_bytes(v) for v in values if isinstance(v, (tuple, dict)))
         if s.events:
             for e in s.events:
                 size += EVENT_BYTES + len(e.name) + _attrs_bytes(e.attributes)

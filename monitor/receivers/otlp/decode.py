@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -44,6 +43,7 @@ from assaywatch.monitor.receivers.otlp.bounds import (
     FUTURE_SLACK_NS,
     LABEL_KEYS,
     MAX_NAME_CHARS,
+    MIN_TIME_NS,
     PROTO_WALK_MIN_BYTES,
     SAN_LABEL_TRUNCATED,
     WireError,
@@ -236,13 +236,18 @@ def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str],
         if len(key) > MAX_NAME_CHARS:
             key = cap_name(key, sanitised)
         v = kv.value
-        which = v.WhichOneof("value")
-        # Inline the common scalar cases: this loop is the decoder's hot path.
-        if which == "string_value":
-            s = v.string_value
+        # Inline the common scalar cases: this loop is the decoder's hot path. Most values
+        # are strings, and a non-empty string_value means the oneof holds a string (an
+        # unset member reads as its default), so a string costs no WhichOneof call.
+        s = v.string_value
+        if s:
             if len(s) > MAX_NAME_CHARS and key in LABEL_KEYS:
                 s = cap_name(s, sanitised, SAN_LABEL_TRUNCATED)
             out[key] = s if len(s) * 4 <= cap else cap_str(s, cap, limited)
+            continue
+        which = v.WhichOneof("value")
+        if which == "string_value":
+            out[key] = s  # the empty string
         elif which == "int_value":
             out[key] = v.int_value
         else:
@@ -253,6 +258,7 @@ def _proto_attrs(kvs: Any, lim: DecodeLimits, limited: Counter[str],
 # --------------------------------------------------------------------------- ids
 
 _ZERO_SPAN_ID = bytes(8)
+_ZERO_TRACE_ID = bytes(16)
 
 
 def check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:
@@ -348,7 +354,10 @@ def records_from_request(
     limited = result.limited
     sanitised = result.sanitised
     max_events = lim.max_events
+    cap = lim.max_value_bytes
     max_ns = time.time_ns() + FUTURE_SLACK_NS
+    # The spans of a trace usually follow each other: they share one hex trace id string.
+    last_tid, tid_hex = b"", ""
     for rs in req.resource_spans:
         resource = _proto_attrs(rs.resource.attributes, lim, limited, sanitised)
         for ss in rs.scope_spans:
@@ -359,16 +368,22 @@ def records_from_request(
                 trace_id = sp.trace_id
                 span_id = sp.span_id
                 parent = sp.parent_span_id
-                bad = check_ids(trace_id, span_id, parent)
-                if bad is not None:
-                    rejected[bad] += 1
-                    continue
+                # Valid ids inline (the hot path); check_ids names what is wrong otherwise.
+                if not (len(trace_id) == 16 and len(span_id) == 8
+                        and trace_id != _ZERO_TRACE_ID and span_id != _ZERO_SPAN_ID
+                        and (not parent or len(parent) == 8)):
+                    bad = check_ids(trace_id, span_id, parent)
+                    if bad is not None:
+                        rejected[bad] += 1
+                        continue
+                if trace_id != last_tid:
+                    last_tid, tid_hex = trace_id, trace_id.hex()
                 events: list[SpanEvent] = []
-                if sp.events:
-                    evs: Iterable[Any] = sp.events
-                    if len(sp.events) > max_events:
-                        limited[LIMIT_EVENTS_DROPPED] += len(sp.events) - max_events
-                        evs = sp.events[:max_events]
+                evs: Any = sp.events  # read once: each read of a upb field makes an object
+                if evs:
+                    if len(evs) > max_events:
+                        limited[LIMIT_EVENTS_DROPPED] += len(evs) - max_events
+                        evs = evs[:max_events]
                     events = [
                         SpanEvent(
                             cap_name(e.name, sanitised),
@@ -381,13 +396,18 @@ def records_from_request(
                 name = sp.name
                 if len(name) > MAX_NAME_CHARS:
                     name = cap_name(name, sanitised)
+                message = status.message
+                if len(message) * 4 > cap:
+                    message = cap_str(message, cap, limited)
                 start = sp.start_time_unix_nano
-                end = check_times(start, sp.end_time_unix_nano, max_ns, sanitised)
+                end = sp.end_time_unix_nano
+                if not MIN_TIME_NS <= start <= end <= max_ns:  # else check_times keeps end
+                    end = check_times(start, end, max_ns, sanitised)
                 # Positional (SpanRecord's field order): cheaper than keywords per span.
                 # check_ids left parent empty or 8 bytes: all zeros means no parent.
                 spans_out.append(
                     SpanRecord(
-                        trace_id.hex(),
+                        tid_hex,
                         span_id.hex(),
                         parent.hex() if parent and parent != _ZERO_SPAN_ID else "",
                         name,
@@ -395,7 +415,7 @@ def records_from_request(
                         end,
                         sp.kind,
                         status.code,
-                        cap_str(status.message, lim.max_value_bytes, limited),
+                        message,
                         _proto_attrs(sp.attributes, lim, limited, sanitised),
                         events,
                         resource,

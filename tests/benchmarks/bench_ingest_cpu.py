@@ -1,0 +1,192 @@
+"""CPU time per span of each stage of the monitor's ingest path, in one process.
+
+The requests are ``bench_monitor``'s (:class:`~tests.benchmarks.bench_monitor.RequestPool`:
+56 realistic 9-span GenAI runs, 504 spans a request). Each request goes through the
+stages the live monitor runs, in the same order and with the same objects, timed with
+``time.process_time`` (CPU time of this process, so work done elsewhere on a shared
+machine does not count):
+
+``decode``
+    ``decode_proto_request`` with the receivers' limits: the monitor's ``keep_keys`` /
+    ``keep_prefixes`` (the keys the pipeline reads), ``max_spans`` and ``max_elements``.
+``queue bytes``
+    ``batch_bytes``: the queue's byte estimate ``Pipeline.offer`` computes.
+``assembler add``
+    ``Assembler.add`` (classification, grouping, byte accounting) of the pipeline.
+``close + runs``
+    ``Assembler.poll`` after the grace time: closing the traces and building their runs.
+``engine``
+    The pipeline handing the closed runs to the engine (``Pipeline._process_runs``),
+    the stream's baseline frozen and its detectors built beforehand (as
+    ``bench_monitor`` warms up).
+
+The ceiling is ``bench_monitor``'s: ``decode_proto_request(body)`` with default limits
+(every attribute). Its CPU time per span over the sum of the stages is the share of the
+ceiling one monitor core could reach at best (receiving the request over HTTP/gRPC, thread
+hand-offs and the metrics port are not counted, so the end-to-end share measured by
+``bench_monitor`` is lower). Protobuf's ``ParseFromString`` alone is shown beside it: the
+C part of decoding, which no change to our code moves, a yardstick for comparing runs.
+The garbage collector runs with the monitor's policy (``service/gc_policy.py``). Medians
+over :data:`REPEATS` rounds of :data:`REQUESTS` requests, with the lowest and highest
+round; the ceilings are timed request by request beside the stages, and each stage is
+also given as a multiple of the ceiling of its round, which load from other processes
+disturbs less than the microseconds.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from assaywatch.monitor.config import MonitorConfig
+from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
+from assaywatch.monitor.receivers.otlp.bounds import DEFAULT_MAX_ELEMENTS
+from assaywatch.monitor.receivers.otlp.decode import DecodeLimits, decode_proto_request
+from assaywatch.monitor.receivers.spans import IngestCounters
+from assaywatch.monitor.service import gc_policy
+from assaywatch.monitor.service.pipeline import Pipeline, batch_bytes
+from tests.benchmarks.bench_monitor import RUNS_PER_REQUEST, SPANS_PER_RUN, RequestPool
+
+#: Rounds, and requests per round (504 spans each).
+REPEATS = 15
+REQUESTS = 6
+#: The throughput configuration of bench_monitor.
+CONFIG = {"assembler": {"grace_seconds": 0.2, "max_pending_traces": 100_000},
+          "ingest": {"queue_max_spans": 200_000}, "detectors": {"learn_runs": 100}}
+STAGES = ("decode", "queue bytes", "assembler add", "close + runs", "engine")
+SPANS = RUNS_PER_REQUEST * SPANS_PER_RUN
+
+
+class _Clock:
+    """The assembler's clock, moved by hand: each request's traces close at the next poll."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def monitor_limits(config: MonitorConfig) -> DecodeLimits:
+    """The limits the monitor's receivers decode with (``Monitor.start``)."""
+    return DecodeLimits(keep_keys=READ_KEYS | frozenset(config.streams.key_attributes),
+                        keep_prefixes=READ_PREFIXES)
+
+
+def make_pipeline(config: MonitorConfig, clock: _Clock) -> Pipeline:
+    engine = Engine(config.detectors, [], max_streams=config.limits.max_streams,
+                    stream_idle_seconds=config.limits.stream_idle_seconds,
+                    replace_idle_seconds=config.limits.replace_idle_seconds,
+                    idle_clock=time.time_ns, score_shift=config.evaluations.min_drop,
+                    score_threshold=config.evaluation_threshold,
+                    verdict_window_s=config.evaluations.join_window_seconds)
+    return Pipeline(config, engine, IngestCounters(), clock=clock)
+
+
+def one_request(body: bytes, pipe: Pipeline, clock: _Clock, limits: DecodeLimits,
+                max_spans: int) -> tuple[list[float], int]:
+    """(CPU seconds per stage, runs) for one request through the monitor's stages."""
+    cpu = time.process_time
+    grace = pipe.config.assembler.grace_seconds
+    t0 = cpu()
+    spans = decode_proto_request(body, limits, max_spans=max_spans,
+                                 max_elements=DEFAULT_MAX_ELEMENTS).spans
+    t1 = cpu()
+    batch_bytes(spans)
+    t2 = cpu()
+    pipe.assembler.add(spans)
+    t3 = cpu()
+    clock.now += grace + 0.01
+    runs = pipe.assembler.poll()
+    t4 = cpu()
+    pipe._process_runs(runs)  # noqa: SLF001 (the pipeline thread's own call)
+    t5 = cpu()
+    return [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4], len(runs)
+
+
+def measure(repeats: int = REPEATS, requests: int = REQUESTS,
+            report: Callable[[str], None] = print) -> dict[str, list[float]]:
+    """Per-span CPU microseconds of every stage and of the ceilings, one value per round."""
+    config = MonitorConfig.from_mapping(CONFIG)
+    limits = monitor_limits(config)
+    pool = RequestPool()
+    clock = _Clock()
+    pipe = make_pipeline(config, clock)
+    max_spans = min(100_000, pipe.capacity_spans)
+    # warm-up: the stream learns its baseline, freezes and calibrates (inline)
+    warm = pool.build(config.detectors.learn_runs // RUNS_PER_REQUEST + 2, start=0)
+    for b in warm:
+        one_request(b, pipe, clock, limits, max_spans)
+    pipe.engine.wait_calibrations()
+    stream = pipe.engine.streams()[0]
+    assert stream.baseline is not None and not stream.calibrating, "baseline not frozen"
+    bodies = pool.build(repeats * requests, start=len(warm))
+    ceiling_bodies = pool.build(requests, start=10**6)
+    cpu = time.process_time
+    before = gc.get_threshold()
+    gc_policy.tune()
+    out: dict[str, list[float]] = {s: [] for s in (*STAGES, "ceiling", "parse")}
+    runs = 0
+    try:
+        for r in range(repeats):
+            sums = [0.0] * len(STAGES)
+            ceiling = parse = 0.0
+            for i, b in enumerate(bodies[r * requests:(r + 1) * requests]):
+                dt, n = one_request(b, pipe, clock, limits, max_spans)
+                runs += n
+                sums = [a + x for a, x in zip(sums, dt, strict=True)]
+                # the ceilings request by request, beside the path: all see the same load
+                t0 = cpu()
+                decode_proto_request(ceiling_bodies[i])
+                t1 = cpu()
+                ExportTraceServiceRequest().ParseFromString(ceiling_bodies[i])
+                ceiling += t1 - t0
+                parse += cpu() - t1
+            n_spans = requests * SPANS
+            for s, v in zip(STAGES, sums, strict=True):
+                out[s].append(1e6 * v / n_spans)
+            out["ceiling"].append(1e6 * ceiling / n_spans)
+            out["parse"].append(1e6 * parse / n_spans)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    expected = repeats * requests * RUNS_PER_REQUEST
+    if runs != expected:
+        raise RuntimeError(f"expected {expected} runs, the pipeline closed {runs}")
+    if pipe.runs_processed < expected:
+        raise RuntimeError(f"the engine processed {pipe.runs_processed} runs")
+    return out
+
+
+def _row(name: str, values: list[float], ceiling: list[float]) -> str:
+    rel = [v / c for v, c in zip(values, ceiling, strict=True)]
+    return (f"{name:<34s} {statistics.median(values):9.2f} {min(values):8.2f} "
+            f"{max(values):8.2f} {statistics.median(rel):10.2f}")
+
+
+def main() -> None:
+    out = measure()
+    totals = [sum(out[s][i] for s in STAGES) for i in range(len(out["decode"]))]
+    ceiling = out["ceiling"]
+    print(f"CPU microseconds per span (time.process_time), {REPEATS} rounds of "
+          f"{REQUESTS} requests x {SPANS} spans; 'x ceiling': the stage over the ceiling "
+          "of the same round (steadier than microseconds on a shared machine)")
+    print(f"{'stage':<34s} {'median':>9s} {'min':>8s} {'max':>8s} {'x ceiling':>10s}")
+    for s in STAGES:
+        print(_row(s, out[s], ceiling))
+    print(_row("end to end (sum of the stages)", totals, ceiling))
+    print(_row("ceiling: decode_proto_request", ceiling, ceiling))
+    print(_row("ceiling: ParseFromString", out["parse"], ceiling))
+    ratios = [100 * c / t for c, t in zip(out["ceiling"], totals, strict=True)]
+    print(f"implied end to end / ceiling: {statistics.median(ratios):.0f}% "
+          f"(rounds {min(ratios):.0f}-{max(ratios):.0f}%; an upper bound: receiving and "
+          "thread hand-offs not counted); goal >= 50%")
+
+
+if __name__ == "__main__":
+    main()
