@@ -933,14 +933,18 @@ class Engine:
             return
         k_c = sum(st.recent_outcomes)
         cfg = self.config
-        res = regression_verdict(base.passes, base.passes + base.fails, k_c, n_c,
-                                 alpha=cfg.alpha, beta=cfg.beta, delta=cfg.delta)
+        res = _regression_verdict(base.passes, base.passes + base.fails, k_c, n_c,
+                                  cfg.alpha, cfg.beta, cfg.delta)
         st.pass_rate_verdict = res.verdict
 
 
 #: Pure functions of a frozen baseline's numbers, called at every SPRT restart and every
 #: Hotelling cadence: cached (their scipy quantiles cost far more than the look-up).
 _sample_size = functools.lru_cache(maxsize=4096)(sample_size)
+#: The recent window's verdict against the baseline: a pure function of six numbers, of
+#: which only the window's pass count moves once the window is full (a stream revisits the
+#: same few counts), so it is cached too.
+_regression_verdict = functools.lru_cache(maxsize=16_384)(regression_verdict)
 
 
 @functools.lru_cache(maxsize=4096)
