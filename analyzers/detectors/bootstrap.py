@@ -30,42 +30,10 @@ baseline's sampling so both hold together with probability at least c (union bou
 
   (Siegmund 1985: the adjustment coefficient :math:`\theta` of the *empirical* increment
   law carries its skewness and discreteness; the Gaussian case is exact to this
-  approximation). Per-chart thresholds :math:`h_j(L)` give chart j the rate
-  :math:`2m\, w_j\, e^{-L}` on average over the bootstrap baselines b,
-  :math:`\frac1B \sum_b 1/\mathrm{ARL}_{b,j}(h_j(L))`, with :math:`w_j` the chart's share
-  of the fingerprint's budget (:func:`_chart_shares`); L is the smallest level at which
-  the :math:`c'` quantile over b of the union rate
-  :math:`\sum_j 1/\mathrm{ARL}_{b,j}(h_j(L))` is at most :math:`s / \mathrm{arl0}`.
-* Why the bootstrap mean and not the plug-in law :math:`\xi^*_0` alone (as before,
-  ``bootstrap_h=False``): a chart whose rate hardly moves under the plug-in law but
-  varies over the bootstrap (a rare error flag's ``down`` chart, a rare tool's swap) got
-  a low threshold at every level, so only raising L for *all* charts could bring the
-  union's quantile down: with 200-run baselines L ran to its cap (ARL e^37 per chart) and
-  the fingerprint never alarmed. Calibrating each chart on its bootstrap mean puts the
-  threshold where that chart's own uncertainty is; the union guarantee is unchanged.
-* Charts switched off (``switch_off``, threshold ``OFF_H``, never reached): those whose
-  increments drift up under more than :math:`1 - c'` of the bootstrap baselines, or whose
-  rate at the largest threshold still exceeds their share of the target at the
-  :math:`c'` quantile: no threshold gives them their ARL at this baseline size. In
-  practice the swap charts "a rare tool is called less" on small baselines.
-* The shares :math:`w_j` (``family_split``): the 2m one-sided charts fall in three
-  families, the run's volume (size, tokens, output, time), the tool swaps and the run's
-  structure (depth, branching, step mix, errors, tool shares); each family gets a third
-  and splits it equally over its charts on. Per chart, the dozen correlated structure
-  columns would take most of the budget from the five volume charts and the swaps, the
-  changes that are the most frequent in production (a slower model or tool, a tool
-  swapped). Stated before measuring, not tuned on the changes measured.
-* Measured on the realistic world (tests/realworld, learned baselines, arl0 500, the
-  seeds of ``test_monitor_rates.py``, repetitions paired), steady-state delay against
-  the previous calibration (uniform split, plug-in thresholds, no chart off): with
-  2,000-run baselines the tool swap x0.96 (family split), x0.83 (and bootstrap mean),
-  x0.81 (and charts off), latency x1.3 x0.97, x0.88, x0.88; with 200-run baselines the
-  tool swap x0.97, x0.41, x0.38 and latency x0.99, x0.57, x0.57. The union's ARL0 stays
-  above arl0 (measured 1,333, 750-878 and 500-632 at 200, 2,000 and 10,000 runs; it
-  was 2,571, 857 and 600: the fingerprint had not alarmed once in 36,000 runs at 200).
-  Dropping the tool-share charts when the counts are charted (their information seemed
-  to be in the counts) was measured too and not kept: it made the tool swap 2.9% slower
-  at 2,000 runs (the shares, regression-adjusted, see swaps the count charts miss).
+  approximation). Per-chart thresholds :math:`h_j(L)` give ARL :math:`e^L` under the
+  estimated chart on :math:`\hat P`; L is the smallest level at which the :math:`c'`
+  quantile over b of the union rate :math:`\sum_j 1/\mathrm{ARL}_{b,j}(h_j(L))` is at
+  most :math:`s / \mathrm{arl0}`.
 
 Pure and deterministic given ``seed`` (the engine derives it from the baseline id),
 vectorised numpy: about 0.1-0.2 s per stream at the defaults (``bench_detectors.py``).
@@ -131,9 +99,6 @@ __all__ = ["BaselineData", "CalibrationSettings", "Thresholds", "calibrate", "cu
 
 F64 = NDArray[np.float64]
 _MAX_H = 200.0
-#: threshold of a fingerprint chart switched off: never reached (a run adds at most
-#: ``clip`` or ``count_clip`` to a chart)
-OFF_H = 1e12
 _BINS = 240
 #: fewest baseline runs the fingerprint chart is calibrated on (and twice the features)
 _MIN_RUNS = 30
@@ -177,24 +142,13 @@ class CalibrationSettings:
     tool_counts: bool = False
     #: fraction of a tool's calls a swap chart on the counts is designed for
     tool_shift: float = 0.2
-    #: the fingerprint's share split equally per family of charts (``_chart_shares``),
-    #: then equally over a family's charts; else equally over every chart
-    family_split: bool = True
-    #: fingerprint charts that no threshold can give their ARL are switched off
-    #: (threshold ``OFF_H``) instead of raising every chart's threshold to the cap
-    switch_off: bool = True
-    #: a fingerprint chart's threshold gives it its share of the level's rate on average
-    #: over the bootstrap baselines (else under the plug-in law alone)
-    bootstrap_h: bool = True
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """Calibrated thresholds: ``pass_rate`` (nats, None without decided outcomes or share)
-    and ``fingerprint`` (2, m) (None without share or directions); ``level`` is minus
-    the log of the rate, averaged over the bootstrap baselines, of a fingerprint chart
-    with the uniform share 1/(2m) of the budget (a chart with share w has the rate
-    ``2m w exp(-level)``), ``confidence`` the per-detector one."""
+    and ``fingerprint`` (2, m) (None without share or directions); ``level`` is the log
+    ARL per fingerprint chart under the plug-in law, ``confidence`` the per-detector one."""
 
     pass_rate: float | None
     fingerprint: F64 | None
@@ -211,25 +165,13 @@ class Thresholds:
     tool_counts: bool = False
 
 
-def _chart_h(level: float | F64, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
+def _chart_h(level: float, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
     """Per chart, the h with ARL e^level (bisection on the monotone formula), at least
     ``h_min``."""
     lo, hi = np.full_like(theta, h_min), np.full_like(theta, _MAX_H)
     for _ in range(30):
         mid = (lo + hi) / 2.0
         below = np.log(cusum_arl(mid, theta, mu, sd)) < level
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    return hi
-
-
-def _chart_h_mean(level: F64, theta: F64, mu: F64, sd: F64, h_min: F64) -> F64:
-    """Per chart, the h at which the mean over the rows (bootstrap baselines) of its rate
-    1/ARL is e^-level (bisection), at least ``h_min``."""
-    lo, hi = np.array(h_min, dtype=np.float64), np.full(theta.shape[-1], _MAX_H)
-    for _ in range(30):
-        mid = (lo + hi) / 2.0
-        rate = (1.0 / cusum_arl(mid[None, :], theta, mu, sd)).mean(axis=0)
-        below = rate > np.exp(-level)
         lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
     return hi
 
@@ -290,30 +232,9 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     if det._swap.size:
         _count_laws(det, x, np.array(means), (theta, mu, sd), h_min)
 
-    # A chart whose in-control rate at the largest threshold, at the c' quantile over the
-    # bootstrap baselines, is above its own share of the target cannot be given its ARL at
-    # any threshold (its increments drift up under some plausible baselines, e.g. a rare
-    # error flag's "down" chart on 200 runs): it is switched off, and the others share
-    # the budget; were it kept, the level would run to its cap and every chart with it.
-    on = np.ones(2 * m, dtype=bool)
-    floor = 1.0 / cusum_arl(np.full(2 * m, _MAX_H), theta[1:], mu[1:], sd[1:])
-    if s.switch_off:
-        on = ((np.quantile(floor, conf, axis=0)
-               <= _chart_shares(det, s.family_split) * target_rate)
-              & (np.quantile(mu[1:], conf, axis=0) < 0.0))
-    if not on.any():
-        return None, math.nan
-    # log ARL of each one-sided chart above the level: -log(its share * 2m), 0 if uniform
-    offset = -np.log(np.where(on, _chart_shares(det, s.family_split, on), 1.0) * 2 * m)
-
-    def chart_h(level: float) -> F64:
-        if s.bootstrap_h:  # the mean rate over the bootstrap baselines is e^-level
-            return _chart_h_mean(level + offset, theta[1:], mu[1:], sd[1:], h_min)
-        return _chart_h(level + offset, theta[0], mu[0], sd[0], h_min)
-
     def union_rate(level: float) -> float:
-        h = chart_h(level)
-        rate = (1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:]))[:, on].sum(axis=1)
+        h = _chart_h(level, theta[0], mu[0], sd[0], h_min)
+        rate = (1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:])).sum(axis=1)
         return float(np.quantile(rate, conf))
 
     lo, hi = math.log(s.arl0 / share), math.log(s.arl0 / share) + 30.0
@@ -322,35 +243,7 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
             mid = (lo + hi) / 2.0
             lo, hi = (mid, hi) if union_rate(mid) > target_rate else (lo, mid)
         lo = hi
-    h = np.where(on, chart_h(lo), OFF_H)
-    return h.reshape(2, m), lo
-
-
-#: The fingerprint charts of the "volume" family (``family_split``): what a run takes
-#: and costs, its size, tokens, output and time.
-VOLUME = ("steps", "output_length", "total_tokens", "mean_step_tokens", "duration")
-
-
-def _chart_shares(det: MultichartCUSUM, by_family: bool,
-                  on: NDArray[np.bool_] | None = None) -> F64:
-    """Each one-sided chart's share of the fingerprint's budget, shape (2m,) (the up
-    charts, then the down ones), summing to 1 over the charts ``on`` (all by default; 0
-    for the others). ``by_family``: three families, the volume (:data:`VOLUME`), the tool
-    swaps (``swap:`` charts, on the counts or the shares) and the run's structure (every
-    other chart: depth, branching, step mix, errors, tool shares); each family with a
-    chart on gets the same share, split equally over its charts on. Else each chart on
-    gets the same share."""
-    m = len(det.labels)
-    on = np.ones(2 * m, dtype=bool) if on is None else on
-    family = np.zeros(m, dtype=np.int64)
-    if by_family:
-        family[:] = [0 if lab in VOLUME else 1 if lab.startswith("swap:") else 2
-                     for lab in det.labels]
-    family2 = np.concatenate([family, family])
-    sizes = np.bincount(family2[on], minlength=3)
-    per: F64 = np.where(on, 1.0 / (np.count_nonzero(sizes) * np.maximum(sizes[family2], 1)),
-                        0.0)
-    return per
+    return _chart_h(lo, theta[0], mu[0], sd[0], h_min).reshape(2, m), lo
 
 
 def _count_laws(det: MultichartCUSUM, x: F64, means: F64, laws: tuple[F64, F64, F64],

@@ -80,15 +80,12 @@ def cache_key(baseline_id: str, source: str, settings: CalibrationSettings,
               sample_rows: int) -> tuple[object, ...]:
     """The inputs that determine a calibration: the baseline (its id hashes its numbers),
     where its sample came from (``learned``: the reservoir of its own runs, which the id
-    determines given ``sample_rows``; ``given``; ``gaussian``) and the settings
-    (``tool_counts`` follows the source, so it is not in the key: a new version on a
-    Gaussian sample reuses the thresholds its baseline's runs gave, which carry the flag)."""
+    determines given ``sample_rows``; ``given``; ``gaussian``) and the settings."""
     s = settings
     return (baseline_id, source, sample_rows, float(s.arl0), float(s.confidence),
             tuple(sorted((k, float(v)) for k, v in s.shares.items())), float(s.k),
             float(s.delta), int(s.reps), float(s.clip), float(s.score_shift),
-            float(s.tool_shift), bool(s.family_split),
-            bool(s.bootstrap_h), bool(s.switch_off))
+            float(s.tool_shift))
 
 
 class ThresholdCache:
