@@ -27,6 +27,7 @@ from assaywatch.monitor.service import statecodec
 from assaywatch.monitor.service.state import StateError, StateStore
 from assaywatch.monitor.service.statecodec import StateDecodeError
 from tests.analyzers.simagent import simulate_runs
+from tests.monitor.test_safe_pickle import write_with_valid_mac
 
 KEY = StreamKey("support-agent", "1.0", "refund")
 TOOLS = {"search": 0.5, "lookup": 0.3, "calc": 0.2}
@@ -155,24 +156,12 @@ def test_crafted_data_is_refused_without_running(tmp_path: Path, tree: Any) -> N
     assert not marker.exists()
 
 
-def _write_with_valid_mac(store: StateStore, rows: dict[str, bytes]) -> None:
-    """A checkpoint as someone holding ``state.key`` could write it."""
-    store.save({"counters": {"a": 1}})  # creates the key and the tables
-    items = list(rows.items())
-    schema = str(state_module.STATE_SCHEMA)
-    mac = state_module._mac(store._writer_key(), schema, items)
-    with contextlib.closing(sqlite3.connect(store.path)) as db, db:
-        db.execute("DELETE FROM blobs")
-        db.executemany("INSERT INTO blobs (name, value) VALUES (?, ?)", items)
-        db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                       [("schema", schema), ("mac", mac)])
-
-
 def test_a_checkpoint_with_a_valid_mac_but_crafted_data_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     store = StateStore(tmp_path / "state")
     crafted = json.dumps(["t", ["o", "os:system", "command", f"touch {marker}"]]).encode()
-    _write_with_valid_mac(store, {"engine": crafted, "counters": b'{"a":1}'})
+    write_with_valid_mac(store, state_module.STATE_SCHEMA,
+                         {"engine": crafted, "counters": b'{"a":1}'})
     before = store.path.read_bytes()
     with pytest.raises(StateError, match="unreadable"):
         StateStore(tmp_path / "state").load()
