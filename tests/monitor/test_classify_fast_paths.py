@@ -8,7 +8,6 @@ take their resource's names from ``resource_names``; runs build steps positional
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from assaywatch.analyzers.model import Step
 from assaywatch.monitor.pipeline.normalize import Kind, classify
@@ -23,6 +22,7 @@ from assaywatch.monitor.pipeline.values import (
     output_length_of,
 )
 from assaywatch.monitor.receivers.spans import AttrValue, SpanRecord
+from tests.monitor.test_read_keys import Recording
 
 CHAT = {"gen_ai.operation.name": "chat"}
 
@@ -31,26 +31,10 @@ def span(attrs: dict[str, AttrValue], name: str = "s", parent: str = "p" * 16) -
     return SpanRecord("t" * 32, "s" * 16, parent, name, 0, 1, attributes=attrs)
 
 
-class Recording(dict[str, AttrValue]):
-    """A dict that records the keys looked up."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        self.seen.add(key)
-        return super().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        self.seen.add(str(key))
-        return super().__contains__(key)
-
-
 def test_the_skip_sets_hold_every_key_the_skipped_functions_look_at_first() -> None:
     for fn, keys in ((output_length_of, OUTPUT_LENGTH_SOURCES), (cost_of, COST_SOURCES),
                      (evaluation_of, EVALUATION_SOURCES)):
-        attrs = Recording()
+        attrs = Recording({}, set())
         assert fn(attrs) is None  # a span without any of them: nothing to find
         assert attrs.seen <= keys, (fn.__name__, attrs.seen - keys)
 
