@@ -64,7 +64,7 @@ from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.join import LateEvaluation
 from assaywatch.monitor.pipeline.outcome import ContractRules
 from assaywatch.monitor.receivers.spans import EVALUATION_EVENT, IngestCounters
-from assaywatch.monitor.scaleout.clients import base_config, require_kafka
+from assaywatch.monitor.scaleout.clients import base_config, require_kafka, usable
 from assaywatch.monitor.scaleout.records import encode_evaluation, encode_run, partition_key
 from assaywatch.monitor.scaleout.settings import KafkaSettings
 
@@ -369,14 +369,8 @@ class AssemblerWorker:
     def _take(self, msgs: list[Any]) -> None:
         from assaywatch.monitor.receivers.otlp.decode import DecodeError, decode_proto_request
 
-        ck = require_kafka()
         with self.lock:
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() != ck.KafkaError._PARTITION_EOF:
-                        logger.warning("assembler: consume error %s", err)
-                    continue
+            for m in usable(msgs, "assembler"):
                 p, off = m.partition(), m.offset()
                 asm = self._asm.get(p)
                 if asm is None:
@@ -395,8 +389,7 @@ class AssemblerWorker:
                 self.counters.add_received(RECEIVER, len(res.spans))
                 first = self._first[p]
                 for sp in res.spans:
-                    if sp.trace_id not in first:
-                        first[sp.trace_id] = off
+                    first.setdefault(sp.trace_id, off)
                 asm.add(res.spans)
 
     def _take_logs(self, msgs: list[Any]) -> None:
@@ -404,14 +397,8 @@ class AssemblerWorker:
         from assaywatch.monitor.receivers.otlp.decode import DecodeError
         from assaywatch.monitor.receivers.otlp.decode_logs import decode_proto_logs
 
-        ck = require_kafka()
         with self.lock:
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() != ck.KafkaError._PARTITION_EOF:
-                        logger.warning("assembler: logs consume error %s", err)
-                    continue
+            for m in usable(msgs, "assembler (logs)"):
                 p, off = m.partition(), m.offset()
                 asm = self._asm.get(p)
                 lfirst = self._lfirst.get(p)
@@ -432,8 +419,7 @@ class AssemblerWorker:
                     continue
                 self.counters.add_logs_received(RECEIVER, EVALUATION_EVENT, len(res.spans))
                 for rec in res.spans:
-                    if rec.trace_id not in lfirst:
-                        lfirst[rec.trace_id] = off
+                    lfirst.setdefault(rec.trace_id, off)
                 asm.add(res.spans)
 
     def _close(self) -> tuple[list[Run], list[LateEvaluation]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from assaywatch.monitor.scaleout.settings import KafkaSettings
@@ -119,3 +120,15 @@ def partition_count(s: KafkaSettings, topic: str) -> int:
     if t is None or t.error is not None:
         return 0
     return len(t.partitions)
+
+
+def usable(msgs: list[Any], who: str) -> Iterator[Any]:
+    """The messages of one ``consume`` that carry a record: an error other than a
+    partition's end is logged as ``who``'s, and skipped."""
+    ck = require_kafka()
+    for m in msgs:
+        err = m.error()
+        if err is None:
+            yield m
+        elif err.code() != ck.KafkaError._PARTITION_EOF:
+            logger.warning("%s: consume error %s", who, err)

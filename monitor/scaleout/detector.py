@@ -74,7 +74,12 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent, StreamState
 from assaywatch.monitor.pipeline.join import LateEvaluation
 from assaywatch.monitor.receivers.spans import IngestCounters
-from assaywatch.monitor.scaleout.clients import KafkaUnavailable, base_config, require_kafka
+from assaywatch.monitor.scaleout.clients import (
+    KafkaUnavailable,
+    base_config,
+    require_kafka,
+    usable,
+)
 from assaywatch.monitor.scaleout.records import (
     PartitionState,
     RecordError,
@@ -592,7 +597,6 @@ class DetectorWorker:
 
     def run(self) -> None:
         """Consume until :attr:`stop_event`; raises :class:`FatalWorkerError`."""
-        ck = require_kafka()
         self._clients()
         s = self.settings
         self._consumer.subscribe([s.runs_topic], on_assign=self._on_assign,
@@ -604,12 +608,7 @@ class DetectorWorker:
             while not self.stop_event.is_set():
                 msgs = self._consumer.consume(num_messages=100, timeout=s.poll_seconds)
                 with self.lock:
-                    for m in msgs:
-                        err = m.error()
-                        if err is not None:
-                            if err.code() != ck.KafkaError._PARTITION_EOF:
-                                logger.warning("detector: consume error %s", err)
-                            continue
+                    for m in usable(msgs, "detector"):
                         self._process(m)
                     self._flush_idle()
                     self._producer.poll(0)
