@@ -12,6 +12,7 @@ import dataclasses
 import os
 import pickle
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +31,35 @@ KEY = StreamKey("support-agent", "1.0", "refund")
 TOOLS = {"search": 0.5, "lookup": 0.3, "calc": 0.2}
 
 
-def test_the_engines_state_round_trips_and_resumes_with_the_same_alarms() -> None:
+#: the engine's configuration of the round trips (here and in test_state_codec.py)
+ROUND_TRIP_CFG = DetectorConfig(learn_runs=200, hotelling_window=50, hotelling_every=10)
+
+
+def engine_round_trip(dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any]
+                      ) -> tuple[list[tuple[str, int]], list[tuple[str, int]], bytes]:
+    """(alarms of an engine checkpointed by ``dumps`` after 350 of 600 runs and resumed
+    from ``loads``, alarms of one engine over all 600 runs, the checkpoint's bytes)."""
     rng = np.random.default_rng(5)
     runs = simulate_runs(300, rng, key=KEY, tool_weights=TOOLS)
     runs += simulate_runs(300, rng, key=KEY, tool_weights=TOOLS, pass_rate=0.6)
     runs = [dataclasses.replace(r, scores={"helpfulness": float(rng.uniform(0.5, 1))},
                                 labels={"safety": str(rng.choice(["safe", "unsafe"]))})
             for r in runs]
-    cfg = DetectorConfig(learn_runs=200, hotelling_window=50, hotelling_every=10)
-    whole = Engine(cfg)
+    whole = Engine(ROUND_TRIP_CFG)
     expected = [(e.detector, e.run_index) for r in runs for e in whole.process(r)]
-    assert expected
-    first = Engine(cfg)
+    first = Engine(ROUND_TRIP_CFG)
     got = [(e.detector, e.run_index) for r in runs[:350] for e in first.process(r)]
-    data = pickle.dumps(first.checkpoint_state(), protocol=pickle.HIGHEST_PROTOCOL)
-    resumed = Engine(cfg)
-    resumed.restore_state(safe_pickle.loads(data))
+    data = dumps(first.checkpoint_state())
+    resumed = Engine(ROUND_TRIP_CFG)
+    resumed.restore_state(loads(data))
     got += [(e.detector, e.run_index) for r in runs[350:] for e in resumed.process(r)]
+    return got, expected, data
+
+
+def test_the_engines_state_round_trips_and_resumes_with_the_same_alarms() -> None:
+    got, expected, _ = engine_round_trip(
+        lambda st: pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL), safe_pickle.loads)
+    assert expected
     assert got == expected
 
 

@@ -7,7 +7,6 @@ says so (exit 3) and leaves the file as it was."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import sqlite3
@@ -27,33 +26,19 @@ from assaywatch.monitor.service import statecodec
 from assaywatch.monitor.service.state import StateError, StateStore
 from assaywatch.monitor.service.statecodec import StateDecodeError
 from tests.analyzers.simagent import simulate_runs
-from tests.monitor.test_safe_pickle import write_with_valid_mac
+from tests.monitor.test_safe_pickle import ROUND_TRIP_CFG, engine_round_trip, write_with_valid_mac
 
 KEY = StreamKey("support-agent", "1.0", "refund")
 TOOLS = {"search": 0.5, "lookup": 0.3, "calc": 0.2}
 
 
 def test_the_engines_state_round_trips_and_resumes_with_the_same_alarms() -> None:
-    rng = np.random.default_rng(5)
-    runs = simulate_runs(300, rng, key=KEY, tool_weights=TOOLS)
-    runs += simulate_runs(300, rng, key=KEY, tool_weights=TOOLS, pass_rate=0.6)
-    runs = [dataclasses.replace(r, scores={"helpfulness": float(rng.uniform(0.5, 1))},
-                                labels={"safety": str(rng.choice(["safe", "unsafe"]))})
-            for r in runs]
-    cfg = DetectorConfig(learn_runs=200, hotelling_window=50, hotelling_every=10)
-    whole = Engine(cfg)
-    expected = [(e.detector, e.run_index) for r in runs for e in whole.process(r)]
+    got, expected, data = engine_round_trip(statecodec.dumps, statecodec.loads)
     assert expected
-    first = Engine(cfg)
-    got = [(e.detector, e.run_index) for r in runs[:350] for e in first.process(r)]
-    data = statecodec.dumps(first.checkpoint_state())
     assert data.isascii() and data[:1] == b"["
-    resumed = Engine(cfg)
-    resumed.restore_state(statecodec.loads(data))
-    got += [(e.detector, e.run_index) for r in runs[350:] for e in resumed.process(r)]
     assert got == expected
     # and the resumed state writes the same bytes again
-    again = Engine(cfg)
+    again = Engine(ROUND_TRIP_CFG)
     again.restore_state(statecodec.loads(data))
     assert statecodec.dumps(again.checkpoint_state()) == data
 
