@@ -159,12 +159,9 @@ def _start(args: argparse.Namespace, worker: Any, what: str, stage: str) -> int:
                 logs, spans = (partition_count(ks, ks.logs_topic),
                                partition_count(ks, ks.spans_topic))
                 if logs != spans:
-                    raise UsageError(
-                        f"logs topic {ks.logs_topic} has {logs} partitions and spans topic "
-                        f"{ks.spans_topic} {spans}: they must be equal (a trace's "
-                        "evaluations are read from the logs partition of its spans' "
-                        f"number); recreate the logs topic with {spans} partitions, or set "
-                        "kafka.logs_topic to '' to read spans only")
+                    from assaywatch.monitor.scaleout.assembler import logs_mismatch
+
+                    raise UsageError(logs_mismatch(ks, logs, spans))
         else:
             ensure_topics(ks, n, runs=True, state=True, alarms=True)
             runs, state = partition_count(ks, ks.runs_topic), partition_count(ks, ks.state_topic)

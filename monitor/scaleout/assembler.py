@@ -84,6 +84,15 @@ class TopicMismatch(RuntimeError):
     """The logs topic's partitions do not line up with the spans topic's."""
 
 
+def logs_mismatch(s: KafkaSettings, logs: int, spans: int) -> str:
+    """What is wrong when the logs topic has ``logs`` partitions and the spans topic
+    ``spans`` (the worker raises it, ``kafka assemble`` exits 3 with it)."""
+    return (f"logs topic {s.logs_topic} has {logs} partitions and spans topic "
+            f"{s.spans_topic} {spans}: they must be equal (a trace's evaluations are read "
+            f"from the logs partition of its spans' number); recreate the logs topic with "
+            f"{spans} partitions, or set kafka.logs_topic to '' to read spans only")
+
+
 class AssemblerCollector(Collector):
     """``assaywatch_kafka_*`` of an assembler: its partitions and the runs it published."""
 
@@ -189,11 +198,7 @@ class AssemblerWorker:
             return 0
         n, m = len(logs.partitions), len(spans.partitions) if spans is not None else 0
         if m and n != m:
-            raise TopicMismatch(
-                f"logs topic {s.logs_topic} has {n} partitions and spans topic "
-                f"{s.spans_topic} {m}: they must be equal (a trace's evaluations are read "
-                f"from the logs partition of its spans' number); recreate the logs topic "
-                f"with {m} partitions, or set kafka.logs_topic to '' to read spans only")
+            raise TopicMismatch(logs_mismatch(s, n, m))
         return n
 
     def _open_logs(self) -> None:
@@ -290,35 +295,29 @@ class AssemblerWorker:
         if err is not None and self._delivery_error is None:
             self._delivery_error = str(err)
 
+    def _produce(self, value: bytes, key: bytes, header: tuple[str, bytes]) -> None:
+        """One record to the runs topic (acknowledged via ``_delivered``)."""
+        while True:
+            try:
+                self._producer.produce(self.settings.runs_topic, value=value, key=key,
+                                       headers=[header], on_delivery=self._delivered)
+                return
+            except BufferError:  # local queue full: serve deliveries, then retry
+                self._producer.poll(0.1)
+
     def _publish(self, runs: list[Run]) -> None:
-        topic = self.settings.runs_topic
         for run in runs:
-            value = encode_run(run)
-            while True:
-                try:
-                    self._producer.produce(topic, value=value, key=partition_key(run.key),
-                                           headers=[("run_id", run.run_id.encode())],
-                                           on_delivery=self._delivered)
-                    break
-                except BufferError:  # local queue full: serve deliveries, then retry
-                    self._producer.poll(0.1)
+            self._produce(encode_run(run), partition_key(run.key),
+                          ("run_id", run.run_id.encode()))
             self.runs_published += 1
         self._producer.poll(0)
 
     def _publish_evaluations(self, lates: list[LateEvaluation]) -> None:
         """Evaluation records, each with its stream's key: on its stream's runs partition,
         after the runs published before it."""
-        topic = self.settings.runs_topic
         for late in lates:
-            value = encode_evaluation(late)
-            while True:
-                try:
-                    self._producer.produce(topic, value=value, key=partition_key(late.key),
-                                           headers=[("evaluation_of", late.run_id.encode())],
-                                           on_delivery=self._delivered)
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)
+            self._produce(encode_evaluation(late), partition_key(late.key),
+                          ("evaluation_of", late.run_id.encode()))
             self.evaluations_published += 1
         self._producer.poll(0)
 
