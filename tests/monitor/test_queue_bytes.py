@@ -115,17 +115,18 @@ def test_a_batch_larger_than_the_whole_bound_is_taken_alone() -> None:
     assert p.offer(big, "otlp_http")  # the queue was empty: taken alone
     assert not p.offer(_heavy_batch(2, runs=1), "otlp_http")
     assert p.refusal_reason() == REFUSED_BYTES
-    # behind a queued batch, even a small one, it is refused (retryable) ...
-    p.start()
-    try:
-        _wait_drained(p)
-        assert p.offer(_heavy_batch(3, runs=1), "otlp_http")
-        assert not p.offer(_heavy_batch(4, runs=12), "otlp_http")
-        # ... and taken once the queue is empty again
-        _wait_drained(p)
-        assert p.offer(_heavy_batch(4, runs=12), "otlp_http")
-    finally:
-        p.stop()
+    # behind a queued batch, even a small one, it is refused (retryable) ... The queue is
+    # drained by hand, as the pipeline thread does (``_drain_nowait``), so no thread can
+    # empty it between the two offers (with the thread running, the small batch could be
+    # taken before the big one was offered, and the big one then taken alone).
+    p._drain_nowait()  # noqa: SLF001
+    _wait_drained(p)
+    assert p.offer(_heavy_batch(3, runs=1), "otlp_http")
+    assert not p.offer(_heavy_batch(4, runs=12), "otlp_http")
+    # ... and taken once the queue is empty again
+    p._drain_nowait()  # noqa: SLF001
+    _wait_drained(p)
+    assert p.offer(_heavy_batch(4, runs=12), "otlp_http")
 
 
 def test_the_span_bound_and_the_refusal_reason_per_thread() -> None:
