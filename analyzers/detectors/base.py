@@ -26,11 +26,11 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Detector", "JSONValue", "split_arl0"]
+__all__ = ["Detector", "JSONValue", "SequentialDetector", "split_arl0"]
 
 JSONValue = Any  # a JSON-serialisable value: None, bool, int, float, str, list, dict
 
@@ -98,6 +98,26 @@ def split_arl0(target: float, n_detectors: int) -> float:
     if n_detectors < 1:
         raise ValueError(f"n_detectors={n_detectors!r} must be >= 1")
     return float(target) * n_detectors
+
+
+@runtime_checkable
+class SequentialDetector(Protocol):
+    """The surface the monitor's engine runs every alarming detector through (a stream's
+    watches, ``monitor/engine/signals.py``): the :class:`Detector` subclasses and the
+    evaluators' score and label CUSUMs (``score.py``, ``label.py``) have it."""
+
+    def update(self, x: Any, /) -> None: ...
+
+    @property
+    def drift_detected(self) -> bool: ...
+
+    @property
+    def statistic(self) -> float: ...
+
+    @property
+    def threshold(self) -> float: ...
+
+    def evidence(self) -> dict[str, Any]: ...
 
 
 class Detector(ABC):

@@ -277,6 +277,11 @@ class LabelShiftCUSUM:
         np.fill_diagonal(out, up)
         return out
 
+    @property
+    def threshold(self) -> float:
+        """The alarm threshold ``h`` (the detector protocol's name for it)."""
+        return self.h
+
     def update(self, label: object) -> None:
         i = self.category(label)
         w = self.charts

@@ -230,6 +230,11 @@ class ScoreDropCUSUM:
         self.n = 0
         self.drift_detected = False
 
+    @property
+    def threshold(self) -> float:
+        """The alarm threshold ``h`` (the detector protocol's name for it)."""
+        return self.h
+
     def update(self, score: float) -> None:
         s = self.summary
         y = min(max((float(score) - s.lo) / (s.hi - s.lo), 0.0), 1.0)

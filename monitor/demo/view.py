@@ -117,9 +117,9 @@ class DemoView:
 
     @staticmethod
     def _statistic(name: str, st: Any, cfg: Any) -> tuple[str, str, float | None]:
-        d = st.detectors
-        if name == "sprt" and "sprt" in d:
-            s = d["sprt"]
+        d = {w.name: w.detector for w in st.watches.values()}
+        if name == "sprt" and st.sprt is not None:
+            s = st.sprt
             # Fraction of the way from the Pass boundary a to the Fail boundary b.
             span = s.upper - s.lower
             frac = (s.llr - s.lower) / span if span > 0 else None

@@ -27,6 +27,12 @@ version's frozen baseline) and, once the baseline is frozen, these detectors:
     ``hotelling_every`` runs: the fingerprint verdict and the per-feature shift gauges;
     an alarm only when ``alarm_shares`` gives it a share (per-test alpha from the share).
 
+Each alarming detector (the two CUSUMs above, and one per evaluator of the baseline: a
+score-drop or label-shift CUSUM, ``detector="evaluation"``) is a **watch** on one of the
+stream's signals (``engine/signals.py``): a run's outcome, fingerprint, scores and labels
+are fed to the watches of their signal, and the budget, the alarm bookkeeping, the
+exporters and the checkpoint go by watch.
+
 One false-alarm budget per stream: ``arl0`` is split over the detectors that can raise an
 alarm by ``alarm_shares`` (false-alarm rates add, Bonferroni in time), each detector's
 threshold keeping its share with probability ``(1 + arl0_confidence) / 2`` over the
@@ -87,13 +93,20 @@ from assaywatch.monitor.engine.calibration import (
     cache_key,
     run_job,
 )
+from assaywatch.monitor.engine.signals import (
+    FINGERPRINT,
+    OUTCOME,
+    Watch,
+    alarm_name,
+    watch_shares,
+)
 from assaywatch.monitor.engine.streams import (
     EVALUATION,
     AlarmEvent,
     EvaluatorState,
     StreamState,
-    alarm_name,
     close_order,
+    new_watch,
     split_alarm_name,
 )
 from assaywatch.monitor.pipeline.join import LateEvaluation
@@ -627,33 +640,35 @@ class Engine:
                 self._submit(st, job)
 
     def _build_detectors(self, st: StreamState) -> None:
+        """The stream's SPRT and its watches (``engine/signals.py``), each alarming
+        detector with its part of the ARL0 budget (:func:`watch_shares`)."""
         base = st.baseline
         assert base is not None
         cfg = self.config
         th = st.thresholds or Thresholds(None, None)
         decided = base.passes + base.fails
-        makers: dict[str, Callable[[], Any]] = {}
-        if "sprt" in cfg.detectors and decided:
-            makers["sprt"] = lambda: self._new_sprt(st)
+        evaluators = self._evaluator_signals(base)
+        parts = watch_shares(self._shares(base), evaluators)
+        st.sprt = self._new_sprt(st) if "sprt" in cfg.detectors and decided else None
+        makers: dict[str, Callable[[float], Any]] = {}
         if "cusum_pass_rate" in cfg.detectors and th.pass_rate is not None:
             h_pass = th.pass_rate
-            makers["cusum_pass_rate"] = lambda: BernoulliCUSUM(
-                th.pass_rate_p0, delta=cfg.delta, h=h_pass,
-                arl0=cfg.arl0 / max(self._share("cusum_pass_rate", base), 1e-12),
+            makers["cusum_pass_rate"] = lambda arl0: BernoulliCUSUM(
+                th.pass_rate_p0, delta=cfg.delta, h=h_pass, arl0=arl0,
                 baseline_runs=decided, baseline_passes=base.passes,
                 confidence=th.confidence)
         if "cusum_fingerprint" in cfg.detectors and th.fingerprint is not None:
             h_fp = th.fingerprint
-            makers["cusum_fingerprint"] = lambda: MultichartCUSUM(
+            makers["cusum_fingerprint"] = lambda arl0: MultichartCUSUM(
                 mean=base.mean, cov=base.cov, k=cfg.fingerprint_shift / 2, h=h_fp,
-                arl0=cfg.arl0 / max(self._share("cusum_fingerprint", base), 1e-12),
-                feature_names=list(base.feature_names),
+                arl0=arl0, feature_names=list(base.feature_names),
                 tool_counts=bool(getattr(th, "tool_counts", False)))
-        dets: dict[str, Any] = {}
+        watches: dict[str, Watch] = {}
         st.disabled = dict(th.disabled)
         for name, make in makers.items():
             try:
-                dets[name] = make()
+                watches[name] = new_watch(
+                    name, make(cfg.arl0 / max(parts.get(name, 0.0), 1e-12)))
             except ValueError as exc:
                 # e.g. a baseline too small or too perfect for the ARL0 target to be
                 # reachable: the stream runs without this detector and says why
@@ -661,14 +676,25 @@ class Engine:
                 logger.warning("%s: detector %s disabled: %s", st.key, name, exc)
         for name, why in th.disabled.items():
             logger.warning("%s: detector %s disabled: %s", st.key, name, why)
-        st.detectors = dets
+        st.watches = watches
         st.recent_outcomes = deque(maxlen=cfg.hotelling_window)
         st.recent_fps = deque(maxlen=cfg.hotelling_window)
         # An observed inventory is the baseline's own tools: nothing to measure against.
         observed = base.tool_inventory_source == "observed"
         st.coverage = CoverageTracker(tools=None if observed else base.tools,
                                       tool_source=base.tool_inventory_source)
-        self._build_score_detectors(st, base)
+        self._build_score_detectors(st, base, evaluators, parts)
+
+    @staticmethod
+    def _feed(st: StreamState, signal: str, x: Any) -> list[tuple[str, dict[str, Any]]]:
+        """One observation of a signal to each of its watches; those that fired."""
+        fired = []
+        for watch in st.watches.values():
+            if watch.signal == signal:
+                evidence = watch.observe(x)
+                if evidence is not None:
+                    fired.append((watch.name, evidence))
+        return fired
 
     def _outcome(self, st: StreamState, outcome: Outcome) -> list[tuple[str, dict[str, Any]]]:
         """Feed a run's pass/fail outcome to the pass-rate tests; the firing, if any."""
@@ -676,19 +702,14 @@ class Engine:
             return []
         passed = outcome is Outcome.PASS
         st.recent_outcomes.append(passed)
-        sprt = st.detectors.get("sprt")
+        sprt = st.sprt
         if sprt is not None:
             sprt.update(passed)
             if sprt.decision is not None:
                 # a verdict, not an alarm (module docstring: one budget per stream)
                 st.sprt_verdict = sprt.decision
-                st.detectors["sprt"] = self._new_sprt(st)
-        cusum = st.detectors.get("cusum_pass_rate")
-        if cusum is not None:
-            cusum.update(passed)
-            if cusum.drift_detected:
-                return [("cusum_pass_rate", cusum.evidence())]
-        return []
+                st.sprt = self._new_sprt(st)
+        return self._feed(st, OUTCOME, passed)
 
     def _release_held(self, st: StreamState, now_ns: int
                       ) -> list[tuple[str, dict[str, Any]]]:
@@ -706,21 +727,26 @@ class Engine:
             fired.extend(self._outcome(st, outcome))
         return fired
 
-    def _build_score_detectors(self, st: StreamState, base: Baseline) -> None:
-        """One detector per evaluator of the baseline (its scores' drop,
-        ``detectors/score.py``, or its labels' shift, ``detectors/label.py``), each with an
-        equal part of the ``evaluation`` share of the budget."""
+    def _evaluator_signals(self, base: Baseline) -> dict[str, ScoreSummary | LabelSummary]:
+        """The evaluators of a baseline that get a watch: their score summaries, or label
+        counts for those that only label."""
+        if EVALUATION not in self.config.detectors:
+            return {}
+        return {**base.evaluators, **evaluator_labels(base.evaluators, base.labels)}
+
+    def _build_score_detectors(self, st: StreamState, base: Baseline,
+                               signals: Mapping[str, ScoreSummary | LabelSummary],
+                               parts: Mapping[str, float]) -> None:
+        """A watch per evaluator of the baseline (its scores' drop, ``detectors/score.py``,
+        or its labels' shift, ``detectors/label.py``), each with its part of the
+        ``evaluation`` share of the budget."""
         cfg = self.config
         for ev in st.evaluators.values():
-            ev.detector = None
             ev.disabled = ("not in the baseline (first scored after it froze); "
                            "re-baseline the stream to monitor it")
-        labels = evaluator_labels(base.evaluators, base.labels)
-        signals: dict[str, ScoreSummary | LabelSummary] = {**base.evaluators, **labels}
-        if EVALUATION not in cfg.detectors or not signals:
+        if not signals:
             return
-        share = self._share(EVALUATION, base) / len(signals)
-        n_alarming = len(self._shares(base)) - 1 + len(signals)
+        n_alarming = len(parts)
         confidence = 1.0 - (1.0 - cfg.arl0_confidence) / max(1, n_alarming)
         calibrated = getattr(st.thresholds, "scores", None) or {}
         for name, summary in signals.items():
@@ -728,23 +754,24 @@ class Engine:
             if ev is None:
                 ev = st.evaluators[name] = EvaluatorState(name)
             ev.disabled = ""
+            share = parts.get(alarm_name(name), 0.0)
             if share <= 0:
                 ev.disabled = "no share of the false-alarm budget (alarm_shares.evaluation)"
                 continue
             try:
                 if isinstance(summary, LabelSummary):
-                    ev.detector = LabelShiftCUSUM(summary, shift=self.score_shift,
-                                                  arl0=cfg.arl0 / share,
-                                                  confidence=confidence,
-                                                  h=calibrated.get(name))
+                    det: Any = LabelShiftCUSUM(summary, shift=self.score_shift,
+                                               arl0=cfg.arl0 / share, confidence=confidence,
+                                               h=calibrated.get(name))
                 else:
-                    ev.detector = ScoreDropCUSUM(summary, shift=self.score_shift,
-                                                 arl0=cfg.arl0 / share,
-                                                 confidence=confidence,
-                                                 h=calibrated.get(name))
+                    det = ScoreDropCUSUM(summary, shift=self.score_shift,
+                                         arl0=cfg.arl0 / share, confidence=confidence,
+                                         h=calibrated.get(name))
             except ValueError as exc:
                 ev.disabled = str(exc)
                 logger.warning("%s: evaluator %s not monitored: %s", st.key, name, exc)
+                continue
+            st.watches[alarm_name(name)] = new_watch(alarm_name(name), det)
 
     def _count_score(self, st: StreamState, name: str, score: float | str) -> bool:
         ev = st.evaluators.get(name)
@@ -763,15 +790,13 @@ class Engine:
 
     def _score(self, st: StreamState, name: str, score: float | str
                ) -> list[tuple[str, dict[str, Any]]]:
-        """Feed one score (or label) to its evaluator's detector; the firing, if any."""
-        ev = st.evaluators.get(name)
-        det = ev.detector if ev is not None else None
-        if det is None:
+        """Feed one score (or label) to its evaluator's watch; the firing, if any."""
+        watch = st.watch_of(name)
+        if watch is None:
             return []
-        det.update(score)
-        if det.drift_detected:
-            return [(alarm_name(name), {**det.evidence(), "evaluator": name})]
-        return []
+        evidence = watch.observe(score)
+        return [] if evidence is None else [(watch.name, evidence)]
+
     def _shares(self, base: Baseline) -> dict[str, float]:
         """The configured shares of the detectors this baseline can run (no pass-rate
         share without outcomes, no evaluation share without evaluators)."""
@@ -824,11 +849,7 @@ class Engine:
             fired.extend(self._outcome(st, run.outcome))
         fired.extend(self._release_held(st, run.end_ns))
         st.recent_fps.append(fp)
-        fpc = st.detectors.get("cusum_fingerprint")
-        if fpc is not None:
-            fpc.update(fp)
-            if fpc.drift_detected:
-                fired.append(("cusum_fingerprint", fpc.evidence()))
+        fired.extend(self._feed(st, FINGERPRINT, fp))
         due = st.monitored_runs % cfg.hotelling_every == 0
         # The window as a matrix, built once for the Hotelling test and the budget (both
         # run at the Hotelling cadence only).

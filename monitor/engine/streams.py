@@ -19,10 +19,24 @@ from assaywatch.analyzers.detectors.bootstrap import Thresholds
 from assaywatch.analyzers.model import Outcome, Run, StreamKey, Verdict
 from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.engine.calibration import CalibrationJob
+from assaywatch.monitor.engine.signals import (
+    EVALUATION,
+    FINGERPRINT,
+    OUTCOME,
+    Watch,
+    alarm_name,
+    evaluator_signal,
+    split_alarm_name,
+)
+
+__all__ = ["DETECTORS", "EVALUATION", "AlarmEvent", "EvaluatorState", "StreamState",
+           "alarm_name", "split_alarm_name"]
 
 DETECTORS = ("sprt", "cusum_pass_rate", "cusum_fingerprint", "hotelling")
-#: The detector name of every evaluator's score detector (alarms carry the evaluator).
-EVALUATION = "evaluation"
+#: The signal each detector of :data:`DETECTORS` with a watch takes.
+_SIGNAL = {"cusum_pass_rate": OUTCOME, "cusum_fingerprint": FINGERPRINT}
+#: The ``feature`` label of a detector's statistic where it is not the detector's name.
+_STAT_LABEL = {"cusum_pass_rate": "pass_rate"}
 #: The default budget split (``DetectorConfig.alarm_shares``) gives each alarming detector
 #: half of the ARL0 budget; readers that show the Hotelling per-test alpha use this
 #: divisor (the engine computes it from the configured shares).
@@ -46,6 +60,12 @@ class AlarmEvent:
     #: the evaluator whose scores dropped (``detector == "evaluation"``), else ""
     evaluator: str = ""
 
+    @property
+    def alarm_key(self) -> str:
+        """The alarm key of the watch that raised it (``engine/signals.py``): one episode
+        of alarms per key, so two evaluators' alarms are two episodes."""
+        return alarm_name(self.evaluator) if self.evaluator else self.detector
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "event": "alarm",
@@ -61,29 +81,16 @@ class AlarmEvent:
         }
 
 
-def alarm_name(evaluator: str) -> str:
-    """The key of an evaluator's detector in a stream's alarm bookkeeping
-    (``alarm_last``, ``alarms_total``, ``alarm_onsets``)."""
-    return f"{EVALUATION}:{evaluator}"
-
-
-def split_alarm_name(name: str) -> tuple[str, str]:
-    """(detector, evaluator) of an alarm bookkeeping key."""
-    det, _, evaluator = name.partition(":")
-    return det, evaluator
-
-
 @dataclass
 class EvaluatorState:
-    """One evaluator's signal in a stream: its scores and its detector."""
+    """One evaluator's signal in a stream: its scores (its detector is the stream's watch
+    ``evaluation:<name>``)."""
 
     name: str
     #: scores received (on the trace or late), learning included
     count: int = 0
     #: the most recent scores (the ``assaywatch_evaluation_score`` gauge is their mean)
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=200))
-    #: the score detector, once the stream's baseline holds this evaluator
-    detector: Any = None
     #: why the evaluator is not monitored ("" when it is)
     disabled: str = ""
 
@@ -105,7 +112,10 @@ class StreamState:
     first_run_id: str = ""
     #: run index (1-based, within this stream) since the baseline froze
     monitored_runs: int = 0
-    detectors: dict[str, Any] = field(default_factory=dict)
+    #: the alarming detectors by alarm key (``engine/signals.py``)
+    watches: dict[str, Watch] = field(default_factory=dict)
+    #: the pass-rate SPRT (a verdict, restarted after each decision; not a watch)
+    sprt: Any = None
     alarm_last: dict[str, int] = field(default_factory=dict)
     alarms_total: Counter[str] = field(default_factory=Counter)
     sprt_verdict: Verdict | None = None
@@ -152,6 +162,7 @@ class StreamState:
     last_seen_ns: int = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        _upgrade_detectors(state)
         # a checkpoint written before a field existed: the field's default
         for f in fields(self):
             if f.name not in state:
@@ -166,6 +177,36 @@ class StreamState:
             return self.sprt_active_fail
         last = self.alarm_last.get(detector)
         return last is not None and self.monitored_runs - last < hold
+
+    def watch_of(self, evaluator: str) -> Watch | None:
+        """The watch of an evaluator's scores or labels, if it is monitored."""
+        return self.watches.get(alarm_name(evaluator))
+
+
+def new_watch(name: str, detector: Any) -> Watch:
+    """The watch of ``detector`` under the alarm key ``name`` (a detector of
+    :data:`DETECTORS` or ``evaluation:<evaluator>``)."""
+    det, evaluator = split_alarm_name(name)
+    signal = evaluator_signal(evaluator) if det == EVALUATION else _SIGNAL[det]
+    return Watch(name, signal, detector, _STAT_LABEL.get(name, ""))
+
+
+def _upgrade_detectors(state: dict[str, Any]) -> None:
+    """A checkpoint from before watches (``detectors`` by name, each evaluator's detector
+    on its EvaluatorState): the same detector objects, as watches."""
+    old = state.pop("detectors", None)
+    if old is None:
+        return
+    watches: dict[str, Watch] = {}
+    state["sprt"] = old.get("sprt")
+    for name, det in old.items():
+        if name in _SIGNAL:
+            watches[name] = new_watch(name, det)
+    for ev in (state.get("evaluators") or {}).values():
+        det = ev.__dict__.pop("detector", None)
+        if det is not None:
+            watches[alarm_name(ev.name)] = new_watch(alarm_name(ev.name), det)
+    state["watches"] = watches
 
 
 #: A stream's phases, in order (``assaywatch_stream_state``, the status page).

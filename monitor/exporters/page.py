@@ -53,9 +53,9 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
     base = st.baseline
     onsets: Mapping[str, Mapping[str, Any]] = getattr(st, "alarm_onsets", {}) or {}
     evaluators = getattr(st, "evaluators", {}) or {}
-    active = [d for d in DETECTORS if base is not None and st.alarm_active(d, hold)]
-    active += [alarm_name(n) for n in evaluators
-               if base is not None and st.alarm_active(alarm_name(n), hold)]
+    watches = getattr(st, "watches", {}) or {}
+    keys = list(DETECTORS) + [w for w in watches if w not in DETECTORS]
+    active = [d for d in keys if base is not None and st.alarm_active(d, hold)]
     shifts = {k: v for k, v in st.feature_shift.items() if math.isfinite(v)}
     top = sorted(shifts, key=lambda k: -abs(shifts[k]))[:TOP_MOVED]
     alarms = []
@@ -89,15 +89,16 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
         "alarms_total": dict(st.alarms_total),
         "hotelling_p_value": st.hotelling_p,
         "disabled_detectors": dict(getattr(st, "disabled", {})),
-        "evaluators": [_evaluator(ev, base) for ev in evaluators.values()],
+        "evaluators": [_evaluator(ev, base, watches.get(alarm_name(ev.name)))
+                       for ev in evaluators.values()],
     }
 
 
-def _evaluator(ev: Any, base: Any) -> dict[str, Any]:
-    """One evaluator of a stream: its scores, its baseline and its detector's state."""
+def _evaluator(ev: Any, base: Any, watch: Any) -> dict[str, Any]:
+    """One evaluator of a stream: its scores, its baseline and its watch's state."""
     summary = base.evaluators.get(ev.name) if base is not None else None
     labels = getattr(base, "labels", {}).get(ev.name) if base is not None else None
-    det = ev.detector
+    det = None if watch is None else watch.detector
     baseline: dict[str, Any] | None = None
     if summary is not None:
         baseline = {"n": summary.n, "mean": summary.mean, "scale": [summary.lo, summary.hi]}
@@ -108,7 +109,7 @@ def _evaluator(ev: Any, base: Any) -> dict[str, Any]:
             "baseline": baseline,
             "monitored": det is not None, "not_monitored_because": ev.disabled or None,
             "statistic": None if det is None else det.statistic,
-            "threshold": None if det is None else det.h}
+            "threshold": None if watch is None else watch.threshold}
 
 
 def _fmt_evaluator(e: Mapping[str, Any]) -> str:

@@ -29,7 +29,7 @@ from assaywatch.monitor.engine.streams import (
     DETECTORS,
     EVALUATION,
     STREAM_STATES,
-    alarm_name,
+    split_alarm_name,
     stream_state,
 )
 from assaywatch.monitor.pipeline.join import JOIN_OUTCOMES
@@ -491,8 +491,9 @@ class MonitorCollector(Collector):
                              "SPRT Pass boundary a = log(beta/(1-alpha)).")
         sprt_hi = rows.gauge("assaywatch_sprt_upper_boundary",
                              "SPRT Fail boundary b = log((1-beta)/alpha).")
-        thr = rows.gauge("assaywatch_cusum_threshold", "CUSUM alarm threshold h.",
-                         ("detector",))
+        thr = rows.gauge("assaywatch_cusum_threshold", "CUSUM alarm threshold h "
+                         "(detector: the alarm key, evaluation:<evaluator> for an "
+                         "evaluator's).", ("detector",))
         fp_shift = rows.gauge("assaywatch_fingerprint_shift", "Mahalanobis distance of the "
                               "recent window's mean fingerprint to the baseline.")
         feat_shift = rows.gauge("assaywatch_fingerprint_feature_shift", "Standardised shift "
@@ -522,16 +523,19 @@ class MonitorCollector(Collector):
                 phase.add(k, (name,), int(name == state))
             if base is None:
                 continue
-            for det in detectors:
-                alarm.add(k, (det, ""), int(st.alarm_active(det, hold)))
-                alarms_total.add(k, (det, ""), st.alarms_total.get(det, 0))
-            for ev in st.evaluators.values() if monitor_scores else ():
-                if ev.detector is None:
+            # every configured detector's alarm series (0 while it cannot run), and one
+            # per evaluator watch; statistics and thresholds from the watches alone
+            keys = detectors + [w for w in st.watches if w not in detectors]
+            for name in keys:
+                labels = split_alarm_name(name)
+                if labels[0] == EVALUATION and not monitor_scores:
                     continue
-                name = alarm_name(ev.name)
-                alarm.add(k, (EVALUATION, ev.name), int(st.alarm_active(name, hold)))
-                alarms_total.add(k, (EVALUATION, ev.name), st.alarms_total.get(name, 0))
-                stat.add(k, (name,), ev.detector.statistic)
+                alarm.add(k, labels, int(st.alarm_active(name, hold)))
+                alarms_total.add(k, labels, st.alarms_total.get(name, 0))
+            for watch in st.watches.values():
+                for feature, value in watch.statistics().items():
+                    stat.add(k, (feature,), value)
+                thr.add(k, (watch.name,), watch.threshold)
             verdicts = {"pass_rate": st.pass_rate_verdict, "fingerprint": st.fingerprint_verdict,
                         "sprt": st.sprt_verdict}
             for test in VERDICT_TESTS:
@@ -551,20 +555,11 @@ class MonitorCollector(Collector):
                 rate.add(k, (window,), p)
                 rate_lo.add(k, (window,), lo)
                 rate_hi.add(k, (window,), hi)
-            sprt = st.detectors.get("sprt")
+            sprt = st.sprt
             if sprt is not None:
                 llr.add(k, (), sprt.llr)
                 sprt_lo.add(k, (), sprt.lower)
                 sprt_hi.add(k, (), sprt.upper)
-            cusum = st.detectors.get("cusum_pass_rate")
-            if cusum is not None:
-                stat.add(k, ("pass_rate",), cusum.statistic)
-                thr.add(k, ("cusum_pass_rate",), cusum.threshold)
-            fpc = st.detectors.get("cusum_fingerprint")
-            if fpc is not None:
-                for name, value in fpc.feature_statistics.items():
-                    stat.add(k, (name,), value)
-                thr.add(k, ("cusum_fingerprint",), fpc.threshold)
             if st.fingerprint_shift is not None:
                 fp_shift.add(k, (), st.fingerprint_shift)
                 for name, value in st.feature_shift.items():

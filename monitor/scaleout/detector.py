@@ -490,8 +490,8 @@ class DetectorWorker:
         import json
 
         for ev in events:
-            state.episodes[(ev.key, ev.detector)] += 1
-            rec = alarm_record(ev, state.episodes[(ev.key, ev.detector)])
+            state.episodes[(ev.key, ev.alarm_key)] += 1
+            rec = alarm_record(ev, state.episodes[(ev.key, ev.alarm_key)])
             logger.warning("alarm %s on %s at run %d (episode %d)", ev.detector, ev.key,
                            ev.run_index, rec["episode"])
             if self.settings.alarms_topic:

@@ -253,14 +253,15 @@ def evaluator_names(late: LateEvaluation) -> list[str]:
 # -------------------------------------------------------------------------- alarms
 
 def alarm_id(key: StreamKey, detector: str, episode: int) -> str:
-    """Deterministic id of an alarm episode: the same after any re-processing."""
+    """Deterministic id of an alarm episode: the same after any re-processing.
+    ``detector`` is the alarm key (``evaluation:<evaluator>`` for an evaluator's)."""
     raw = f"{key.agent}\x1f{key.version}\x1f{key.scenario}\x1f{detector}\x1f{episode}"
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
 def alarm_record(event: AlarmEvent, episode: int) -> dict[str, Any]:
     return {**event.to_dict(), "episode": episode,
-            "id": alarm_id(event.key, event.detector, episode)}
+            "id": alarm_id(event.key, event.alarm_key, episode)}
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -272,7 +273,7 @@ class PartitionState:
     ``streams``, ``latest_frozen`` and ``dropped`` are the engine's own state for the
     streams of this partition (the triple the single monitor checkpoints). The rest is the
     scale-out's bookkeeping: the next input offset, the recent run ids (duplicates from a
-    re-publishing assembler are dropped), the alarm episodes per (stream, detector), a
+    re-publishing assembler are dropped), the alarm episodes per (stream, alarm key), a
     hash chain of each stream's run ids (order evidence: equal chains = same runs, same
     order) and the recent evaluation ids (:func:`evaluation_id`; a re-published evaluation
     record is dropped).

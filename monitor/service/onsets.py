@@ -1,11 +1,13 @@
 """Alarm onsets recorded once, across restarts.
 
-An alarm episode has a stable id: the stream key, the detector, the baseline id and the
-onset's run index within that baseline (``onset_id``, written with the event). After a
-``kill -9`` the monitor resumes from its last checkpoint and replays the write-ahead log,
-so the engine sees again the runs processed between the checkpoint and the kill, and fires
-again the onsets it fired then. Before an onset is appended to ``events.jsonl`` the
-service checks the log's tail (read at start) and drops it when:
+An alarm episode has a stable id: the stream key, the detector (its alarm key: an
+evaluator's detector is ``evaluation:<evaluator>``, so two evaluators' onsets at the same
+run are two episodes), the baseline id and the onset's run index within that baseline
+(``onset_id``, written with the event). After a ``kill -9`` the monitor resumes from its
+last checkpoint and replays the write-ahead log, so the engine sees again the runs
+processed between the checkpoint and the kill, and fires again the onsets it fired then.
+Before an onset is appended to ``events.jsonl`` the service checks the log's tail (read at
+start) and drops it when:
 
 1. its ``onset_id`` is already there (the replay reached the same run: the common case);
 2. an onset of the same stream, detector and baseline is recorded at the same or a later
@@ -24,6 +26,7 @@ import logging
 import os
 from typing import Any
 
+from assaywatch.monitor.engine.signals import EVALUATION, alarm_name
 from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.exporters.events import EventLog
 
@@ -46,8 +49,10 @@ def onset_id(agent: str, version: str, scenario: str, detector: str, baseline_id
 
 
 def _episode(d: dict[str, Any]) -> Episode:
-    return (str(d.get("agent")), str(d.get("version")), str(d.get("scenario")),
-            str(d.get("detector")), str(d.get("baseline_id")))
+    detector, evaluator = str(d.get("detector")), d.get("evaluator")
+    key = alarm_name(str(evaluator)) if detector == EVALUATION and evaluator else detector
+    return (str(d.get("agent")), str(d.get("version")), str(d.get("scenario")), key,
+            str(d.get("baseline_id")))
 
 
 class OnsetRecorder:
@@ -123,7 +128,7 @@ class OnsetRecorder:
 
     def is_duplicate(self, event: AlarmEvent, oid: str) -> bool:
         k = event.key
-        ep: Episode = (k.agent, k.version, k.scenario, event.detector, event.baseline_id)
+        ep: Episode = (k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id)
         waiting = self._unmatched.get(ep)
         if oid in self._ids or self._last.get(ep, 0) >= event.run_index:
             if waiting and event.run_index in waiting:
@@ -139,7 +144,7 @@ class OnsetRecorder:
     def record(self, event: AlarmEvent) -> bool:
         """Append the onset unless it is one already recorded; True when appended."""
         k = event.key
-        oid = onset_id(k.agent, k.version, k.scenario, event.detector, event.baseline_id,
+        oid = onset_id(k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id,
                        event.run_index)
         if self.is_duplicate(event, oid):
             self.duplicates += 1
@@ -148,6 +153,6 @@ class OnsetRecorder:
                         k, event.run_index)
             return False
         self.events.append({**event.to_dict(), "onset_id": oid})
-        self._remember((k.agent, k.version, k.scenario, event.detector, event.baseline_id),
+        self._remember((k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id),
                        event.run_index, oid)
         return True

@@ -9,7 +9,8 @@ schema 1 (``scaleout/records.py``). Such a checkpoint is read once, to upgrade, 
 ``statecodec.py``):
 
 * classes of the ``assaywatch.analyzers`` package (pure statistics: no I/O, no threads)
-  and the state classes of the monitor listed in :data:`MONITOR_STATE` (streams, the
+  and the state classes of the monitor listed in :data:`MONITOR_STATE` (streams and their
+  watches, the
   calibration cache and job, the evaluation join, span and evaluation records);
 * enums and dataclasses of those modules (their ``__init__`` assigns fields);
 * :data:`STDLIB` containers and :data:`NUMPY` array, dtype, scalar and bit-generator
@@ -37,6 +38,7 @@ MONITOR_STATE: frozenset[tuple[str, str]] = frozenset({
     ("assaywatch.monitor.engine.streams", "StreamState"),
     ("assaywatch.monitor.engine.streams", "EvaluatorState"),
     ("assaywatch.monitor.engine.streams", "AlarmEvent"),
+    ("assaywatch.monitor.engine.signals", "Watch"),
     ("assaywatch.monitor.engine.calibration", "CalibrationJob"),
     ("assaywatch.monitor.engine.calibration", "ThresholdCache"),
     ("assaywatch.monitor.pipeline.join", "EvaluationJoin"),

@@ -88,7 +88,7 @@ def test_calibrated_thresholds_survive_a_restart_without_recalibration(
         for key in keys:
             st = again.engine.stream(key)
             assert st is not None and not st.calibrating
-            assert {"cusum_pass_rate", "cusum_fingerprint"} <= set(st.detectors)
+            assert {"cusum_pass_rate", "cusum_fingerprint"} <= set(st.watches)
             th = thresholds[key]
             assert th is not None and st.thresholds is not None
             assert st.thresholds.pass_rate == th.pass_rate

@@ -34,13 +34,15 @@ def test_baseline_is_learned_then_frozen_and_detectors_start() -> None:
     eng = Engine(_cfg())
     _feed(eng, simulate_runs(149, rng, key=KEY, tool_weights=TOOLS))
     st = eng.stream(KEY)
-    assert st is not None and st.baseline is None and not st.detectors
+    assert st is not None and st.baseline is None and not st.watches
+    assert st.sprt is None
     _feed(eng, simulate_runs(1, rng, key=KEY, tool_weights=TOOLS))
     assert st.baseline is not None and st.baseline.n_runs == 150
     assert st.baseline_origin == "learned"
-    assert {"sprt", "cusum_pass_rate", "cusum_fingerprint"} <= set(st.detectors)
-    # the MEWMA waits for a baseline large enough to trust its covariance
-    assert "mewma" not in st.detectors
+    assert st.sprt is not None
+    assert set(st.watches) == {"cusum_pass_rate", "cusum_fingerprint"}
+    assert st.watches["cusum_pass_rate"].signal == "outcome"
+    assert st.watches["cusum_fingerprint"].signal == "fingerprint"
 
 
 def test_unchanged_stream_stays_quiet() -> None:
@@ -107,7 +109,7 @@ def test_unknown_outcomes_skip_pass_rate_detectors() -> None:
         r.outcome = Outcome.UNKNOWN
     _feed(eng, runs)
     st = eng.stream(KEY)
-    assert st is not None and st.detectors["cusum_pass_rate"].n == 0
+    assert st is not None and st.watches["cusum_pass_rate"].detector.n == 0
     assert st.outcomes["unknown"] == 50
 
 
@@ -123,7 +125,7 @@ def test_engine_state_survives_the_checkpoint_codec() -> None:
     assert [(e.detector, e.run_index) for e in a] == [(e.detector, e.run_index) for e in b]
     sa, sb = eng.stream(KEY), clone.stream(KEY)
     assert sa is not None and sb is not None
-    assert sa.detectors["cusum_pass_rate"].statistic == sb.detectors["cusum_pass_rate"].statistic
+    assert sa.watches["cusum_pass_rate"].statistics() == sb.watches["cusum_pass_rate"].statistics()
 
 
 def test_recommended_trials_follow_the_adaptive_budget() -> None:
@@ -147,17 +149,17 @@ def test_tiny_perfect_baseline_never_breaks_the_stream() -> None:
     st = eng.stream(KEY)
     assert st is not None and st.baseline is not None and st.n_runs == 40
     # every detector either runs or says why it cannot for this baseline
-    for name in ("sprt", "cusum_pass_rate", "cusum_fingerprint"):
-        assert name in st.detectors or name in st.disabled
+    for name in ("cusum_pass_rate", "cusum_fingerprint"):
+        assert name in st.watches or name in st.disabled
     # 10 runs cannot estimate the covariance of 17 features: the fingerprint chart is
     # disabled, saying why. A 10/10 pass rate gives a pass-rate CUSUM designed for the
     # posterior's adverse quantile (bootstrap.py), or none, saying why; the SPRT still runs
     assert "at least" in st.disabled["cusum_fingerprint"]
-    if "cusum_pass_rate" in st.detectors:
-        assert 0 < st.detectors["cusum_pass_rate"].threshold < 60
+    if "cusum_pass_rate" in st.watches:
+        assert 0 < st.watches["cusum_pass_rate"].threshold < 60
     else:
         assert "too small" in st.disabled["cusum_pass_rate"]
-    assert "sprt" in st.detectors
+    assert st.sprt is not None
 
 
 def _alarm_rows(events: list) -> list[tuple]:
@@ -214,5 +216,5 @@ def test_worker_calibration_gives_the_inline_alarms_and_run_indices() -> None:
         ref = inline.stream(st.key)
         assert ref is not None and st.n_runs == ref.n_runs
         assert st.monitored_runs == ref.monitored_runs
-        assert set(st.detectors) == set(ref.detectors)
+        assert set(st.watches) == set(ref.watches)
     assert eng.calibrations["computed"] == inline.calibrations["computed"] == 4

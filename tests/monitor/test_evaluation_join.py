@@ -247,7 +247,7 @@ def test_an_evaluator_is_learned_into_the_baseline_and_alarms_on_a_drop_only() -
     summary = st.baseline.evaluators["helpfulness"]
     assert summary.n == 150 and (summary.lo, summary.hi) == (0.0, 1.0)
     ev = st.evaluators["helpfulness"]
-    assert ev.detector is not None and ev.count == 300
+    assert st.watch_of("helpfulness") is not None and ev.count == 300
     # 1,000 in-control scores: no alarm (the detector's ARL0 is >= 2,000 / 3 shares)
     quiet = _runs(1_000, rng, start=10_000)
     alarms = []
@@ -291,7 +291,8 @@ def test_an_evaluator_first_seen_after_the_freeze_is_listed_but_not_monitored() 
     st = eng.stream(KEY)
     assert st is not None
     ev = st.evaluators["tone"]
-    assert ev.detector is None and "not in the baseline" in ev.disabled and ev.count == 1
+    assert st.watch_of("tone") is None and "not in the baseline" in ev.disabled
+    assert ev.count == 1
 
 
 def test_the_evaluation_share_splits_the_budget_only_when_evaluators_exist() -> None:
@@ -309,7 +310,8 @@ def test_the_evaluation_share_splits_the_budget_only_when_evaluators_exist() -> 
     # budget, with two it gets 1/3 and each evaluator 1/6
     assert without._share("cusum_fingerprint", st0.baseline) == 0.5
     assert np.isclose(with_scores._share("cusum_fingerprint", st1.baseline), 1 / 3)
-    arl0s = {n: e.detector.arl0 for n, e in st1.evaluators.items()}
+    arl0s = {w.labels[1]: w.detector.arl0 for w in st1.watches.values()
+             if w.labels[0] == "evaluation"}
     assert arl0s == {"helpfulness": 12_000.0, "groundedness": 12_000.0}
 
 
@@ -334,6 +336,16 @@ def test_metrics_name_each_evaluator() -> None:
     fp_alarm = (("agent", "support-agent"), ("detector", "cusum_fingerprint"),
                 ("evaluator", ""), ("scenario", "refund"), ("version", "1.0"))
     assert samples[("assaywatch_alarm", fp_alarm)] == 0
+    # the evaluator's watch exports its statistic and threshold like the other charts
+    stream = (("agent", "support-agent"), ("scenario", "refund"), ("version", "1.0"))
+    watch = eng.stream(KEY).watch_of("helpfulness")  # type: ignore[union-attr]
+    assert watch is not None
+    stat = tuple(sorted((*stream, ("feature", "evaluation:helpfulness"))))
+    thr = tuple(sorted((*stream, ("detector", "evaluation:helpfulness"))))
+    assert samples[("assaywatch_cusum_statistic", stat)] == 0.0  # 300 learning runs
+    assert samples[("assaywatch_cusum_threshold", thr)] == watch.detector.h > 0
+    pass_thr = tuple(sorted((*stream, ("detector", "cusum_pass_rate"))))
+    assert samples[("assaywatch_cusum_threshold", pass_thr)] > 0
 
 
 def test_a_late_score_of_a_learning_run_after_the_freeze_is_set_aside() -> None:

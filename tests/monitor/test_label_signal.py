@@ -63,7 +63,8 @@ def test_labels_are_learned_into_the_baseline_and_its_json() -> None:
     again = Baseline.from_dict(st.baseline.to_dict())
     assert again.labels == st.baseline.labels and again.baseline_id == st.baseline.baseline_id
     ev = st.evaluators["correctness"]
-    assert ev.detector is not None and ev.count == 400 and ev.recent_mean is None
+    assert st.watch_of("correctness") is not None
+    assert ev.count == 400 and ev.recent_mean is None
 
 
 def test_a_shift_of_labels_alarms_and_an_unchanged_stream_does_not() -> None:

@@ -406,6 +406,33 @@ def test_a_replayed_alarm_onset_is_recorded_once(tmp_path) -> None:
     assert len({e["onset_id"] for e in lines}) == 3
 
 
+def test_two_evaluators_alarming_on_one_run_are_two_onsets_also_after_a_restart(
+        tmp_path) -> None:
+    from assaywatch.monitor.engine.streams import AlarmEvent
+    from assaywatch.monitor.exporters.events import EventLog
+    from assaywatch.monitor.service.onsets import OnsetRecorder
+
+    def onset(evaluator: str) -> AlarmEvent:
+        # one late evaluation carrying two dropped scores: both alarms at run index 120
+        return AlarmEvent(KEY, "evaluation", 120, 170, "r120", "r0", "b1",
+                          {"statistic": 9.0}, evaluator=evaluator)
+
+    log = EventLog(tmp_path)
+    first = OnsetRecorder(log, hold_runs=200)
+    first.load(None)
+    since = first.offset()
+    assert first.record(onset("helpfulness"))
+    assert first.record(onset("groundedness"))  # another watch: its own episode
+    after = OnsetRecorder(log, hold_runs=200)
+    after.load(since)
+    assert not after.record(onset("helpfulness"))  # the replay: each recorded once
+    assert not after.record(onset("groundedness"))
+    lines = [json.loads(x) for x in log.path.read_text().splitlines()]
+    assert [(e["detector"], e["evaluator"]) for e in lines] == [
+        ("evaluation", "helpfulness"), ("evaluation", "groundedness")]
+    assert len({e["onset_id"] for e in lines}) == 2
+
+
 def test_a_checkpoint_not_written_by_the_state_dirs_writer_is_refused(tmp_path) -> None:
     import os
 

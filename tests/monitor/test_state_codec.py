@@ -95,6 +95,35 @@ def test_a_generator_continues_its_stream() -> None:
     assert np.array_equal(copy.random(4), rng.random(4))
 
 
+def _layout_before_watches(eng: Engine) -> None:
+    """Each stream as checkpoints held it before watches (engine/signals.py): the SPRT and
+    the CUSUMs in ``detectors`` by name, each evaluator's detector on its EvaluatorState."""
+    for st in eng.streams():
+        d = st.__dict__
+        watches, sprt = d.pop("watches"), d.pop("sprt")
+        d["detectors"] = {**({"sprt": sprt} if sprt is not None else {}),
+                          **{n: w.detector for n, w in watches.items() if ":" not in n}}
+        for ev in st.evaluators.values():
+            w = watches.get(f"evaluation:{ev.name}")
+            ev.__dict__["detector"] = None if w is None else w.detector
+
+
+def test_a_checkpoint_from_before_watches_resumes_with_the_same_alarms() -> None:
+    got, expected, data = engine_round_trip(statecodec.dumps, statecodec.loads,
+                                            before=_layout_before_watches)
+    assert b'"detectors"' in data and b'"watches"' not in data  # the old layout was written
+    # the pass rate and the evaluator alarm after the restore (at run index 150)
+    assert {d for d, i in expected if i > 150} >= {"cusum_pass_rate", "evaluation"}
+    assert got == expected
+    resumed = Engine(ROUND_TRIP_CFG)
+    resumed.restore_state(statecodec.loads(data))
+    (st,) = resumed.streams()
+    assert st.sprt is not None and "detectors" not in st.__dict__
+    assert set(st.watches) == {"cusum_pass_rate", "cusum_fingerprint",
+                               "evaluation:helpfulness", "evaluation:safety"}
+    assert all("detector" not in ev.__dict__ for ev in st.evaluators.values())
+
+
 def test_a_dataclass_from_an_older_checkpoint_gets_its_new_fields_defaults() -> None:
     st = StreamState(KEY)
     tree = json.loads(statecodec.dumps(st))

@@ -120,7 +120,7 @@ def _incontrol_task(args: tuple[World, int, int, int, float, int]) -> StreamReco
         eng.process(run)
     st = eng.stream(base.key)
     return StreamRecord(i, n_b, horizon, [(e.run_index, e.detector) for e in events],
-                        sorted(st.detectors), sorted(st.disabled))
+                        sorted(st.watches), sorted(st.disabled))
 
 
 @dataclass

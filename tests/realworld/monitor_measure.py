@@ -63,7 +63,7 @@ def _incontrol_task(args: tuple[World, int, int, int, float, int]) -> StreamReco
         eng.process(run)
     st = eng.stream(world.key(i))
     return StreamRecord(i, n_b, horizon, [(e.run_index, e.detector) for e in events],
-                        sorted(st.detectors), sorted(st.disabled))
+                        sorted(st.watches), sorted(st.disabled))
 
 
 def incontrol(world: World, baseline_runs: int, n_streams: int, horizon: int,

@@ -252,9 +252,9 @@ def replay_reference(spans_file: Path, cfg: MonitorConfig) -> dict[str, Any]:
                          score_threshold=cfg.evaluation_threshold):
         chains[run.key] = chain_step(chains.get(run.key), run.run_id)
         for ev in engine.process(run):
-            episodes[(ev.key, ev.detector)] = episodes.get((ev.key, ev.detector), 0) + 1
-            records.append({**ev.to_dict(), "episode": episodes[(ev.key, ev.detector)],
-                            "id": alarm_id(ev.key, ev.detector, episodes[(ev.key, ev.detector)])})
+            episodes[(ev.key, ev.alarm_key)] = episodes.get((ev.key, ev.alarm_key), 0) + 1
+            records.append({**ev.to_dict(), "episode": episodes[(ev.key, ev.alarm_key)],
+                            "id": alarm_id(ev.key, ev.alarm_key, episodes[(ev.key, ev.alarm_key)])})
     return {"alarms": records, "engine": engine, "chains": chains}
 
 

@@ -66,9 +66,9 @@ def test_runs_are_processed_in_end_time_order(broker: Any, tmp_path: Path) -> No
     for r in runs:  # replay's order
         chain = chain_step(chain, r.run_id)
         for ev in eng.process(r):
-            episodes[ev.detector] = episodes.get(ev.detector, 0) + 1
+            episodes[ev.alarm_key] = episodes.get(ev.alarm_key, 0) + 1
             expected_alarms.append((ev.detector, ev.run_index,
-                                    alarm_id(KEY, ev.detector, episodes[ev.detector])))
+                                    alarm_id(KEY, ev.alarm_key, episodes[ev.alarm_key])))
     assert expected_alarms, "the fixture raises alarms"
 
     names = h.make_topics(broker.bootstrap, "reorder", runs_parts=2)
