@@ -28,13 +28,23 @@ by Ville's inequality, for any distribution on [0, 1], no Gaussian approximation
 So an unchanged candidate is failed with probability at most alpha (alpha / 2 for the
 baseline's estimate, alpha / 2 for the e-process) and a candidate whose mean dropped by
 ``drop`` or more passes with probability at most beta. The bets are fixed before the
-first run: ``lam_F`` maximises the expected log-growth under the baseline's score
-distribution shifted down by ``drop``, ``lam_P`` under the baseline's own distribution
-(the candidate the gate hopes to see). A real regression rarely is a clean shift (a
-judge's 1.0s stay 1.0s while some answers collapse to the bottom): each e-process is the
-average of three, betting half, once and twice the designed bet (an average of
-e-processes is one), which measured 99 scores instead of 271 to fail such a lumpy drop
-for 3-8% more scores on a clean one (tests/analyzers/test_score_tests.py).
+first run, each the one maximising the expected log-growth under a law the test is meant
+for: ``lam_P`` under the baseline's own distribution (the candidate the gate hopes to
+see), and one ``lam_F`` per shape of a drop of ``drop`` (``detectors/score.py``
+``drop_alternatives``): the baseline's law shifted down, and a share of its answers
+collapsing to the lowest level. The two differ by a factor 2 (a lumpy judge) to 5 (a
+high-quality agent whose 1.0s stay 1.0s while a fifth of its answers fail): the bet tuned
+to a clean shift alone expects no score above 1 - drop, bets too boldly and loses money
+on a collapse. Each e-process is a weighted average of e-processes (an average of
+e-processes is one) betting half, once and twice each designed bet, with weights
+:data:`BET_WEIGHTS` (two thirds on the designs: when one is right the average costs
+log 1.5 of evidence, not log 3). Measured against the shift-only design (equal weights),
+both calibrated: a fifth of a high-quality agent's answers collapsing is failed after 34
+scores instead of 129, none undecided after 405 scores against 24%
+(tests/analyzers/test_score_tests.py); the lumpy judge's regression after 34 instead of
+40 scores, the unchanged 1-5 rubric passed after 51 instead of 55, smooth scores
+unchanged (the ``gate_scores`` benchmark at scale 0.1, the test alone on the same
+candidates).
 
 **Calibrated thresholds** (:meth:`SequentialScoreTest.calibrate`, what ``gate --run``
 uses). The anytime-valid thresholds are far from tight: measured, an unchanged candidate
@@ -60,7 +70,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
-from scipy.special import logsumexp
 
 from assaywatch.analyzers.detectors.score import (
     ScoreSummary,
@@ -141,16 +150,28 @@ def score_verdict(evaluator: str, summary: ScoreSummary, candidate: Sequence[flo
     return ScoreTestResult(evaluator, n_b, n_c, m_b, m_c, v_b, v_c, drop, p, p_ni)
 
 
-#: The bets of each e-process, as multiples of the designed one (module docstring).
+#: The bets of each e-process, as multiples of each designed one (module docstring) ...
 BET_SPREAD = (0.5, 1.0, 2.0)
+#: ... and their weights in the average: most on the design, the rest hedging its scale.
+BET_WEIGHTS = (1 / 6, 2 / 3, 1 / 6)
 
 
-def _spread(lam: float, top: float) -> NDArray[np.float64]:
-    return np.minimum(lam * np.array(BET_SPREAD), top)
+def _spread(lams: Sequence[float], top: float) -> tuple[NDArray[np.float64],
+                                                         NDArray[np.float64]]:
+    """The bets (each design times :data:`BET_SPREAD`, at most ``top``) and the logs of
+    their weights (:data:`BET_WEIGHTS`, the designs weighted equally)."""
+    bets = np.minimum(np.outer(lams, BET_SPREAD).ravel(), top)
+    w = np.tile(np.array(BET_WEIGHTS), len(lams)) / len(lams)
+    return bets, np.log(w)
 
 
-def _log_mean_exp(logs: NDArray[np.float64]) -> float:
-    return float(logsumexp(logs) - math.log(logs.size))
+def _log_mix(logs: NDArray[np.float64], log_w: NDArray[np.float64]) -> NDArray[np.float64]:
+    """log sum_k w_k exp(logs[k]) over the first axis (one formula for :meth:`update`
+    and the vectorised paths, so that both give the same decisions)."""
+    x = logs + log_w.reshape((-1,) + (1,) * (logs.ndim - 1))
+    top = x.max(axis=0)
+    out: NDArray[np.float64] = top + np.log(np.exp(x - top).sum(axis=0))
+    return out
 
 
 def _best_bet(ys: NDArray[np.float64], ps: NDArray[np.float64], centre: float,
@@ -170,6 +191,10 @@ class SequentialScoreTest:
 
     Feed candidate scores with :meth:`update`; :attr:`decision` becomes FAIL (the mean
     dropped) or PASS (no worse than baseline - ``drop``) at the first crossing.
+    ``lams_fail`` holds the designed regression bets (a clean shift, then a collapse to
+    the lowest level when the baseline has more than one level); ``bets_fail`` /
+    ``bets_pass`` every bet of the two averages, ``log_w_fail`` / ``log_w_pass`` the logs
+    of their weights.
     """
 
     def __init__(self, evaluator: str, summary: ScoreSummary, *, alpha: float = 0.05,
@@ -186,13 +211,17 @@ class SequentialScoreTest:
         ys, ps = summary.levels()
         if ys.size == 0:
             ys, ps = np.array([m]), np.array([1.0])
-        self.lam_fail = _best_bet(np.clip(ys - drop, 0.0, 1.0), ps, self.m_lo, -1.0)
+        # one regression bet per shape of drop: tuned to a clean shift alone, the bet is
+        # too bold for a judge whose 1.0s stay while some answers fall to the bottom
+        self.lams_fail = [_best_bet(ya, pa, self.m_lo, -1.0)
+                          for ya, pa in drop_alternatives(ys, ps, drop)]
+        self.lam_fail = self.lams_fail[0]
         self.centre_pass = max(1e-6, self.m_hi - drop)
         self.lam_pass = _best_bet(ys, ps, self.centre_pass, 1.0)
-        self.bets_fail = _spread(self.lam_fail, 0.99 / (1.0 - self.m_lo))
-        self.bets_pass = _spread(self.lam_pass, 0.99 / self.centre_pass)
-        self._logs_fail = np.zeros(len(BET_SPREAD))
-        self._logs_pass = np.zeros(len(BET_SPREAD))
+        self.bets_fail, self.log_w_fail = _spread(self.lams_fail, 0.99 / (1.0 - self.m_lo))
+        self.bets_pass, self.log_w_pass = _spread([self.lam_pass], 0.99 / self.centre_pass)
+        self._logs_fail = np.zeros(self.bets_fail.size)
+        self._logs_pass = np.zeros(self.bets_pass.size)
         self.log_fail = 0.0
         self.log_pass = 0.0
         self.h_fail = math.log(2.0 / alpha)
@@ -237,9 +266,7 @@ class SequentialScoreTest:
         bets = self.bets_fail if fail else self.bets_pass
         step = (self.m_lo - y) if fail else (y - self.centre_pass)
         logs = np.cumsum(np.log1p(bets[:, None, None] * step[None, :, :]), axis=2)
-        top = logs.max(axis=0)
-        out: NDArray[np.float64] = top + np.log(np.exp(logs - top).sum(axis=0) / bets.size)
-        return out
+        return _log_mix(logs, self.log_w_fail if fail else self.log_w_pass)
 
     def _paths(self, y: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """log E_F and log E_P after each score of each row of ``y`` (on [0, 1])."""
@@ -253,8 +280,8 @@ class SequentialScoreTest:
         self.n += 1
         self._logs_fail += np.log1p(self.bets_fail * (self.m_lo - y))
         self._logs_pass += np.log1p(self.bets_pass * (y - self.centre_pass))
-        self.log_fail = _log_mean_exp(self._logs_fail)
-        self.log_pass = _log_mean_exp(self._logs_pass)
+        self.log_fail = float(_log_mix(self._logs_fail, self.log_w_fail))
+        self.log_pass = float(_log_mix(self._logs_pass, self.log_w_pass))
         if self.log_fail >= self.h_fail:
             self.decision = Verdict.FAIL
         elif self.log_pass >= self.h_pass:

@@ -6,7 +6,10 @@ every repetition (learned baselines averaged over their sampling distribution):
 
 * ``lumpy``: a judge's 0-1 helpfulness, 40% exactly 1.0, the rest uniform on [0.4, 1);
 * ``rubric``: a 1-5 rubric, probabilities (0.05, 0.10, 0.20, 0.35, 0.30);
-* ``beta``: a smooth Beta(8, 2) score, the Gaussian-like second case.
+* ``beta``: a smooth Beta(8, 2) score, the Gaussian-like second case;
+* ``hq``: a high-quality agent's judge, 70% exactly 1.0, the rest uniform on [0.4, 1)
+  (mean 0.91), whose regression is a collapse: 0.1 / (0.91 - 0.4) = 19.6% of all answers
+  fall to the bottom level 0.4 (mean -0.1), the 1.0s that remain staying 1.0.
 
 A regression of "the configured minimum" lowers the mean by 0.1 of the scale: in the
 lumpy score a quarter of the answers at 1.0 and 2/9 of the others fall to the bottom
@@ -59,13 +62,23 @@ def beta(rng: np.random.Generator, shape: tuple[int, ...], regressed: bool) -> n
     return np.clip(x - 0.1, 0.0, 1.0) if regressed else x
 
 
+HQ_MEAN = 0.7 + 0.3 * 0.7
+
+
+def hq(rng: np.random.Generator, shape: tuple[int, ...], regressed: bool) -> np.ndarray:
+    x = np.where(rng.random(shape) < 0.7, 1.0, 0.4 + 0.6 * rng.random(shape))
+    if regressed:  # a share of all answers collapses to the bottom level 0.4: mean -0.1
+        x = np.where(rng.random(shape) < 0.1 / (HQ_MEAN - 0.4), 0.4, x)
+    return x
+
+
 DISTS: dict[str, Draw] = {"lumpy": lumpy, "rubric": rubric, "beta": beta}
 
 
 def test_the_regressions_are_a_drop_of_a_tenth_of_the_scale() -> None:
     rng = np.random.default_rng(1)
     for name, draw, scale in (("lumpy", lumpy, 1.0), ("rubric", rubric, 4.0),
-                              ("beta", beta, 1.0)):
+                              ("beta", beta, 1.0), ("hq", hq, 1.0)):
         before = draw(rng, (200_000,), False).mean()
         after = draw(rng, (200_000,), True).mean()
         assert 0.098 <= (before - after) / scale <= 0.102, name
@@ -122,18 +135,91 @@ def test_sequential_errors_hold_and_it_decides_early(name: str, calibrated: bool
     assert float(np.median(spent)) < 150
 
 
-def test_sequential_update_matches_its_vectorised_simulation() -> None:
+@pytest.mark.parametrize("name,calibrated", [("lumpy", False), ("hq", True)])
+def test_sequential_update_matches_its_vectorised_simulation(name: str,
+                                                             calibrated: bool) -> None:
+    """Run by run (what gate --run does) and vectorised (what calibrate and the benchmark
+    use): the same decision after the same number of scores, on every replicate."""
+    draw = {"lumpy": lumpy, "hq": hq}[name]
     rng = np.random.default_rng(3)
-    base = ScoreSummary.from_scores(lumpy(rng, (300,), False))
-    draws = lumpy(rng, (20, 300), True)
-    out, n = SequentialScoreTest("e", base).simulate(draws)
+    base = ScoreSummary.from_scores(draw(rng, (300,), False))
+    draws = draw(rng, (20, 300), True)
+    test = SequentialScoreTest("e", base)
+    if calibrated:
+        test.calibrate(300, reps=500, boots=25)
+    out, n = test.simulate(draws)
+    assert (out != 0).sum() >= 15  # the comparison is about decisions
     for row, o, k in zip(draws, out, n, strict=True):
         t = SequentialScoreTest("e", base)
+        t.h_fail, t.h_pass = test.h_fail, test.h_pass
         for x in row:
             t.update(float(x))
         assert t.n == k
         assert {1: "fail", -1: "pass", 0: None}[int(o)] == (t.decision.value if t.decision
                                                             else None)
+
+
+def _growth(bet: float, y: np.ndarray, centre: float) -> float:
+    return float(np.mean(np.log1p(bet * (centre - y))))
+
+
+def test_each_shape_of_drop_gets_its_own_regression_bet() -> None:
+    """The high-quality judge's regression is a collapse (module docstring). The bet
+    designed for a clean shift expects no score above 0.9 and bets big; on the collapse
+    70% of the scores stay 1.0 and each costs it a factor 1 - lam (1 - m_lo): it loses
+    money. The bet designed for the collapse grows, within 5% of the best growth any bet
+    can reach at that centre (``kl_inf``, the dual of the divergence)."""
+    from assaywatch.analyzers.score_tests import kl_inf
+
+    rng = np.random.default_rng(5)
+    t = SequentialScoreTest("e", ScoreSummary.from_scores(hq(rng, (400,), False)))
+    y = hq(rng, (200_000,), True)
+    shift, collapse = t.lams_fail
+    assert shift > 3 * collapse
+    assert _growth(shift, y, t.m_lo) < 0 < _growth(collapse, y, t.m_lo)
+    best = kl_inf(y, np.full(y.size, 1.0 / y.size), t.m_lo, below=False)
+    assert max(_growth(b, y, t.m_lo) for b in t.bets_fail) >= 0.95 * best
+
+
+def test_shape_designed_bets_fail_a_collapse_sooner_at_the_same_error_rates() -> None:
+    """Against the same test with only the shift-designed bets (half, once, twice it,
+    equal weights: the design before issue 16), both calibrated to a 405-score horizon,
+    on 12 baselines of 400 scores with 40 candidates per arm each (480 streams: standard
+    errors 0.010 at 0.05, 0.014 at 0.1). On the collapse the shift-only test leaves over
+    10% of the gates undecided at the horizon (its wide bets lose money, the narrow one
+    grows slowly); the shape-designed one decides all but 1% and spends under half the
+    scores. Neither error rate moves beyond alpha or beta + 3 standard errors."""
+    rng = np.random.default_rng(16)
+    spent: dict[str, list[np.ndarray]] = {"new": [], "shift": []}
+    undecided = {"new": 0, "shift": 0}
+    wrong_fail = wrong_pass = streams = 0
+    for i in range(12):
+        base = ScoreSummary.from_scores(hq(rng, (400,), False))
+        new = SequentialScoreTest("e", base)
+        old = SequentialScoreTest("e", base)
+        old.bets_fail = np.minimum(old.lam_fail * np.array([0.5, 1.0, 2.0]),
+                                   0.99 / (1.0 - old.m_lo))
+        old.log_w_fail = np.log(np.full(3, 1 / 3))
+        old.bets_pass = np.minimum(old.lam_pass * np.array([0.5, 1.0, 2.0]),
+                                   0.99 / old.centre_pass)
+        old.log_w_pass = np.log(np.full(3, 1 / 3))
+        worse = hq(rng, (40, 405), True)
+        for key, t in (("new", new), ("shift", old)):
+            t.calibrate(405, reps=1_000, boots=50, seed=i)
+            out, n = t.simulate(worse)
+            spent[key].append(n)
+            undecided[key] += int((out == 0).sum())
+            if key == "new":
+                wrong_pass += int((out == -1).sum())
+                same, _ = t.simulate(hq(rng, (40, 405), False))
+                wrong_fail += int((same == 1).sum())
+        streams += 40
+    mean = {k: float(np.concatenate(v).mean()) for k, v in spent.items()}
+    assert undecided["shift"] / streams > 0.10
+    assert undecided["new"] / streams < 0.01
+    assert mean["new"] < 0.5 * mean["shift"]
+    assert wrong_fail / streams <= 0.05 + 3 * 0.010
+    assert wrong_pass / streams <= 0.10 + 3 * 0.014
 
 
 def _runs(rng: np.random.Generator, n: int, regressed: bool) -> list:

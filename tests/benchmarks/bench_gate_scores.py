@@ -2,8 +2,9 @@
 and against the fixed-n designs, on the same candidate runs.
 
 Run with ``python -m tests.benchmarks gate_scores``. ``BENCH_GATE_SCORES_SCALE`` (default
-1) multiplies the number of baselines; 0.25 gives a quick look. About 2.5 minutes at scale 1
-on two cores, most of it simulating the baselines' runs.
+1) multiplies the number of baselines; 0.1 gives a quick look (30 s). About 5 minutes at
+scale 1 on two shared cores, most of it calibrating the evaluation test of each baseline
+and simulating the baselines' runs.
 
 Scenarios (score worlds of tests/analyzers/test_score_tests.py, a regression lowering the
 mean by 0.1 of the scale): 1. the lumpy judge, pass = score >= 0.7; 2. a high-quality
@@ -54,6 +55,10 @@ as known as it is (the formula of ``ScoreTestResult.n_required`` on the bit: can
 runs for non-inferiority at margin delta with power 1 - beta when nothing changed); and
 the score test's ``score_verdict(...).n_required(alpha, beta)`` evaluated at the
 unchanged candidate (all its block's unchanged scores). All are averaged over baselines.
+
+"with the baseline known": the evaluation test alone on a baseline of 200,000 scores
+(``known_baseline``), which splits the gap to Wald's bound (computed with the baseline's
+mean known) into what the baseline's uncertainty costs and what the test itself does.
 """
 
 from __future__ import annotations
@@ -67,8 +72,14 @@ import numpy as np
 from scipy import stats
 
 from assaywatch.analyzers.baseline import Baseline, build_baseline
+from assaywatch.analyzers.detectors.score import ScoreSummary
 from assaywatch.analyzers.model import Outcome, Verdict
-from assaywatch.analyzers.score_tests import kl_inf, min_expected_n, score_verdict
+from assaywatch.analyzers.score_tests import (
+    SequentialScoreTest,
+    kl_inf,
+    min_expected_n,
+    score_verdict,
+)
 from assaywatch.analyzers.sprt import llr_steps
 from assaywatch.monitor.live.sequential import LiveConfig, StreamTest
 from tests.analyzers.simagent import simulate_runs
@@ -276,6 +287,26 @@ def best_possible(sc: Scenario, alpha: float, beta_: float, drop: float) -> tupl
             min_expected_n(k_fail, 1 - beta_, alpha))
 
 
+def known_baseline(sc: Scenario, n_plan: int) -> str:
+    """The evaluation test alone when the baseline is known (200,000 scores: its mean's
+    confidence bounds close to the mean), calibrated to ``n_plan``, on 4,000 candidates per
+    arm: what is left of the gap to Wald's bound once the baseline's uncertainty is gone.
+    Its own generator, so the rows above do not move when it changes."""
+    rng = np.random.default_rng(SEED + 1)
+    summary = ScoreSummary.from_scores(sc.draw(rng, (200_000,), False),
+                                       (sc.lo, sc.lo + sc.scale))
+    c = SCORES
+    test = SequentialScoreTest(EVAL, summary, alpha=c.alpha, beta=c.beta, drop=c.score_drop)
+    test.calibrate(n_plan, seed=1)
+    out = []
+    for regressed in (False, True):
+        d, n = test.simulate(sc.draw(rng, (4_000, n_plan), regressed))
+        wrong = float((d == (-1 if regressed else 1)).mean())
+        out.append(f"{'regressed' if regressed else 'unchanged'} {n.mean():.1f} "
+                   f"(wrong {wrong:.3f}, undecided {float((d == 0).mean()):.3f})")
+    return "; ".join(out)
+
+
 def run_scenario(sc: Scenario, rng: np.random.Generator) -> str:
     p0, p1, m0, m1 = _truth(sc)
     lb_pass, lb_fail = best_possible(sc, SCORES.alpha, SCORES.beta, SCORES.score_drop)
@@ -355,6 +386,8 @@ def run_scenario(sc: Scenario, rng: np.random.Generator) -> str:
           f"scores (saving at most x{sprt_means[False] / lb_pass:.2f} over (a)), regressed "
           f">= {lb_fail:.1f} (x{sprt_means[True] / lb_fail:.2f}; (b) may stop sooner on an "
           f"SPRT Fail, whose guarantee is about the pass rate)")
+    print(f"(c) with the baseline known (200,000 scores): "
+          f"{known_baseline(sc, int(round(np.mean(n_plan))))}")
     line = (f"runs: {'; '.join(summary)}; fixed-n pass-rate {nf:.0f} (known baseline {nk:.0f})"
             f" / scores {ns:.0f}; best possible unchanged {lb_pass:.1f} "
             f"(x{sprt_means[False] / lb_pass:.2f}), regressed {lb_fail:.1f} "
