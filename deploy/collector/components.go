@@ -18,14 +18,15 @@ import (
 
 	fileexporter "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
 	kafkaexporter "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter"
+	loadbalancingexporter "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
 	healthcheckextension "github.com/open-telemetry/opentelemetry-collector-contrib/extension/healthcheckextension"
 	kafkareceiver "github.com/open-telemetry/opentelemetry-collector-contrib/receiver/kafkareceiver"
 )
 
 // Module versions reported by `components`; keep them equal to go.mod.
 const (
-	coreVersion    = "v0.165.0"
-	contribVersion = "v0.165.1"
+	coreVersion    = "v0.161.0"
+	contribVersion = "v0.161.0"
 )
 
 type aliasProvider interface{ DeprecatedAlias() component.Type }
@@ -77,16 +78,18 @@ func components() (otelcol.Factories, error) {
 		otlphttpexporter.NewFactory(),
 		fileexporter.NewFactory(),
 		kafkaexporter.NewFactory(),
+		loadbalancingexporter.NewFactory(),
 	)
 	if err != nil {
 		return otelcol.Factories{}, err
 	}
 	factories.ExporterModules = makeModulesMap(factories.Exporters, map[component.Type]string{
-		debugexporter.NewFactory().Type():    "go.opentelemetry.io/collector/exporter/debugexporter " + coreVersion,
-		otlpexporter.NewFactory().Type():     "go.opentelemetry.io/collector/exporter/otlpexporter " + coreVersion,
-		otlphttpexporter.NewFactory().Type(): "go.opentelemetry.io/collector/exporter/otlphttpexporter " + coreVersion,
-		fileexporter.NewFactory().Type():     "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter " + contribVersion,
-		kafkaexporter.NewFactory().Type():    "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter " + contribVersion,
+		debugexporter.NewFactory().Type():         "go.opentelemetry.io/collector/exporter/debugexporter " + coreVersion,
+		otlpexporter.NewFactory().Type():          "go.opentelemetry.io/collector/exporter/otlpexporter " + coreVersion,
+		otlphttpexporter.NewFactory().Type():      "go.opentelemetry.io/collector/exporter/otlphttpexporter " + coreVersion,
+		fileexporter.NewFactory().Type():          "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter " + contribVersion,
+		kafkaexporter.NewFactory().Type():         "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter " + contribVersion,
+		loadbalancingexporter.NewFactory().Type(): "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter " + contribVersion,
 	})
 
 	factories.Processors, err = otelcol.MakeFactoryMap[processor.Factory](

@@ -1,7 +1,7 @@
 // Program assaywatch-otelcol is an OpenTelemetry Collector distribution for assaywatch's
 // tests and CI: the OTLP receiver, batch and memory_limiter processors, the kafka exporter
-// and receiver, and the otlp, otlphttp, file and debug exporters, all from one Collector
-// release. It is written by hand the way go.opentelemetry.io/collector/cmd/builder would
+// and receiver, and the otlp, otlphttp, load-balancing, file and debug exporters, all from
+// one Collector release. It is written by hand the way go.opentelemetry.io/collector/cmd/builder would
 // generate it (main.go, main_others.go, components.go); build it with ./build.sh.
 package main
 
@@ -18,12 +18,12 @@ import (
 
 // version is the distribution's own version; the Collector release it is built from is
 // in go.mod (go.opentelemetry.io/collector/otelcol).
-const version = "0.165.0-assaywatch"
+const version = "0.161.0-assaywatch"
 
 func main() {
 	info := component.BuildInfo{
 		Command:     "assaywatch-otelcol",
-		Description: "OpenTelemetry Collector for assaywatch tests (otlp, kafka, file, debug)",
+		Description: "OpenTelemetry Collector for assaywatch tests (otlp, kafka, load_balancing, file, debug)",
 		Version:     version,
 	}
 
@@ -40,9 +40,9 @@ func main() {
 			},
 		},
 		ProviderModules: map[string]string{
-			envprovider.NewFactory().Create(confmap.ProviderSettings{}).Scheme():  "go.opentelemetry.io/collector/confmap/provider/envprovider v1.71.0",
-			fileprovider.NewFactory().Create(confmap.ProviderSettings{}).Scheme(): "go.opentelemetry.io/collector/confmap/provider/fileprovider v1.71.0",
-			yamlprovider.NewFactory().Create(confmap.ProviderSettings{}).Scheme(): "go.opentelemetry.io/collector/confmap/provider/yamlprovider v1.71.0",
+			envprovider.NewFactory().Create(confmap.ProviderSettings{}).Scheme():  "go.opentelemetry.io/collector/confmap/provider/envprovider v1.67.0",
+			fileprovider.NewFactory().Create(confmap.ProviderSettings{}).Scheme(): "go.opentelemetry.io/collector/confmap/provider/fileprovider v1.67.0",
+			yamlprovider.NewFactory().Create(confmap.ProviderSettings{}).Scheme(): "go.opentelemetry.io/collector/confmap/provider/yamlprovider v1.67.0",
 		},
 	}
 
