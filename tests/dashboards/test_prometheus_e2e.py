@@ -26,18 +26,13 @@ it does not prove what the monitor exports, which is the first test's job.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
-import shutil
-import socket
-import subprocess
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -48,9 +43,9 @@ from opentelemetry.trace import get_tracer
 
 from assaywatch.dashboards.grafana import METRIC_FAMILIES, iter_promql, metric_names, selectors
 from tests.e2e.otel_agent import AgentBehaviour, MonitorProcess, emit_run, make_provider
+from tests.infra.prometheus import PROMETHEUS, get_json, prometheus_server, query, wait
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
@@ -80,40 +75,8 @@ MONITOR_GAPS: set[str] = set()
 EXPECTED_FIRING = {"alert: AssaywatchRegressionAlarm"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-        except OSError:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
-
-
-def _query(base: str, expr: str) -> list[dict[str, Any]]:
-    answer = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-    assert answer["status"] == "success", (expr, answer)
-    result: list[dict[str, Any]] = answer["data"]["result"]
-    return result
-
-
 def _alerts(base: str, name: str) -> list[dict[str, Any]]:
-    return [a for a in _get(f"{base}/api/v1/alerts")["data"]["alerts"]
+    return [a for a in get_json(f"{base}/api/v1/alerts")["data"]["alerts"]
             if a["labels"]["alertname"] == name]
 
 
@@ -127,42 +90,6 @@ def monitor(tmp_path: Path) -> Iterator[MonitorProcess]:
     code, err = mon.stop()
     print("monitor stderr (tail):\n" + err[-3000:])  # shown by pytest when the test failed
     assert code == 0, err[-2000:]
-
-
-@contextlib.contextmanager
-def _prometheus(tmp_path: Path, target: str) -> Iterator[str]:
-    """A real Prometheus scraping ``target`` every second with the shipped rules."""
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML; 1 s scrapes keep the test to seconds
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(DASHBOARDS / "alerts" / "*.yaml")],
-        "scrape_configs": [{"job_name": "assaywatch",
-                            "static_configs": [{"targets": [target]}]}],
-    }))
-    assert PROMETHEUS is not None
-    address = f"127.0.0.1:{_free_port()}"
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address={address}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://{address}"
-    try:
-        _wait("Prometheus /-/ready", lambda: _ready(base, proc))
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _ready(base: str, proc: subprocess.Popen[bytes]) -> bool:
-    if proc.poll() is not None:
-        stderr = proc.stderr.read().decode() if proc.stderr else ""
-        raise AssertionError(f"prometheus exited with {proc.returncode}: {stderr[-2000:]}")
-    with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
-        return bool(response.status == 200)
 
 
 def _emit(provider: Any, scenario: str, n: int, behaviour: AgentBehaviour,
@@ -192,13 +119,13 @@ def _check_expressions(prometheus: str, gaps_allowed: set[str]) -> list[str]:
     gaps: list[str] = []
     for item in exprs:
         if item.name.startswith("alert:") and item.name not in EXPECTED_FIRING:
-            _query(prometheus, item.expr)  # runs without error
+            query(prometheus, item.expr)  # runs without error
             probes = selectors(item.expr)
             assert probes, f"{item.file} {item.name}: no selector found in {item.expr}"
         else:
             probes = [item.expr]
         for probe in probes:
-            has_data = bool(_query(prometheus, probe))
+            has_data = bool(query(prometheus, probe))
             line = f"{item.file} | {item.name} | {probe}"
             if metric_names(probe) and metric_names(probe) <= gaps_allowed:
                 assert not has_data, f"remove from MONITOR_GAPS, it returns data now: {line}"
@@ -211,7 +138,7 @@ def _check_expressions(prometheus: str, gaps_allowed: set[str]) -> list[str]:
 
 def test_real_monitor_every_expression_returns_data_and_regression_alert_fires(
         tmp_path: Path, monitor: MonitorProcess) -> None:
-    with _prometheus(tmp_path, monitor.addresses["metrics"]) as prometheus:
+    with prometheus_server(tmp_path, monitor.addresses["metrics"]) as prometheus:
         _drive_real_monitor(monitor, prometheus)
         gaps = _check_expressions(prometheus, MONITOR_GAPS)
     print("not exported by the monitor yet:\n" + "\n".join(gaps))
@@ -232,7 +159,7 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
         _emit(grpc, "overflow", 2, healthy, rng, agent="other-agent-" + "x" * 300)
         assert _post_malformed(monitor) == 400
         assert _post_malformed(monitor, "/v1/logs") == 400  # log_records_rejected_total
-        _wait("both baselines and a Hotelling test scraped", lambda: len(_query(
+        wait("both baselines and a Hotelling test scraped", lambda: len(query(
             prometheus, f'assaywatch_hotelling_p_value{{agent="{AGENT}"}}')) == 2)
         # two more scrapes, so the alarm counters have samples at 0 before the regression
         time.sleep(2.5)
@@ -242,7 +169,7 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
         regressed = AgentBehaviour(pass_rate=0.3, tools={"lookup_order": 0.05,
                                                          "search_kb": 0.75, "refund": 0.2})
         _emit(grpc, "refund", 60, regressed, rng)
-        alerts = _wait("AssaywatchRegressionAlarm pending or firing",
+        alerts = wait("AssaywatchRegressionAlarm pending or firing",
                        lambda: _alerts(prometheus, "AssaywatchRegressionAlarm"))
     finally:
         grpc.shutdown()
@@ -251,9 +178,9 @@ def _drive_real_monitor(monitor: MonitorProcess, prometheus: str) -> None:
     assert {(a["labels"]["agent"], a["labels"]["scenario"]) for a in alerts} == {
         (AGENT, "refund")}, alerts
     # the onset counter must have moved within the annotation's step before it is queried
-    _wait("alarm onset scraped", lambda: _query(
+    wait("alarm onset scraped", lambda: query(
         prometheus, "increase(assaywatch_alarms_total[1m]) > 0"))
-    _wait("the regressed stream's runs scraped", lambda: _query(
+    wait("the regressed stream's runs scraped", lambda: query(
         prometheus, f'sum(assaywatch_runs_total{{scenario="refund"}}) >= {LEARN + 90}'))
 
 
@@ -328,15 +255,15 @@ def stand_in() -> Iterator[tuple[StandIn, str]]:
 def test_stand_in_every_expression_returns_data_and_regression_alert_fires(
         tmp_path: Path, stand_in: tuple[StandIn, str]) -> None:
     source, target = stand_in
-    with _prometheus(tmp_path, target) as prometheus:
-        _wait("three scrapes", lambda: _query(
+    with prometheus_server(tmp_path, target) as prometheus:
+        wait("three scrapes", lambda: query(
             prometheus, "count_over_time(assaywatch_build_info[1m]) >= 3"))
         assert _alerts(prometheus, "AssaywatchRegressionAlarm") == []
         source.regressed = True
-        alerts = _wait("AssaywatchRegressionAlarm pending",
+        alerts = wait("AssaywatchRegressionAlarm pending",
                        lambda: _alerts(prometheus, "AssaywatchRegressionAlarm"))
         assert [(a["state"], a["labels"]["scenario"], a["labels"]["detector"])
                 for a in alerts] == [("pending", "refund", "sprt")]  # `for: 1m` not yet over
-        _wait("alarm onset scraped", lambda: _query(
+        wait("alarm onset scraped", lambda: query(
             prometheus, "increase(assaywatch_alarms_total[1m]) > 0"))
         assert _check_expressions(prometheus, set()) == []
