@@ -171,7 +171,8 @@ def main() -> None:
         probe = Consumer({"bootstrap.servers": bs, "group.id": "bench-probe"})
         rows = []
         for k in (1, 2):
-            names = {"spans": f"bench.spans{k}", "runs": f"bench.runs{k}"}
+            names = {"spans": f"bench.spans{k}", "runs": f"bench.runs{k}",
+                     "logs": f"bench.logs{k}"}  # no evaluations: created empty
             workers = [h.Worker("assemble", bs, names, f"bench-asm{k}-{i}", cfg)
                        for i in range(k)]
             start_all(workers, PARTITIONS)
