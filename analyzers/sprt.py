@@ -7,6 +7,7 @@ the paper (Eq. 49) is unsafe as written; :class:`WarmStartSPRT` implements SPEC'
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -178,6 +179,7 @@ class SPRT:
         )
 
 
+@functools.lru_cache(maxsize=4096)  # pure; the monitor restarts its SPRT after each decision
 def warm_start_llr(
     theta: float,
     delta: float,

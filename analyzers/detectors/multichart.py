@@ -110,6 +110,7 @@ from assaywatch.analyzers.detectors.base import Detector, feature_labels, split_
 from assaywatch.analyzers.detectors.calibration import gaussian_cusum_threshold
 from assaywatch.analyzers.detectors.toolcounts import (
     call_shares,
+    clip,
     swap_llr,
     swap_weights,
 )
@@ -261,7 +262,7 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
 
     def _increments(self, x: F64) -> tuple[F64, F64]:
         """Up and down increments of every chart for the fingerprints ``x`` (..., d)."""
-        y = np.clip((x - self._mean) @ self._rows.T, -self.clip, self.clip)
+        y = clip((x - self._mean) @ self._rows.T, -self.clip, self.clip)
         up, down = y - self.k, -y - self.k
         if self._swap.size:
             counts = _counts(x, self._steps_col, self._tool_cols)
