@@ -30,9 +30,19 @@ checkpoint_seconds: 1
 """
 
 
-def scrape(mon: MonitorProcess) -> list[tuple[str, dict[str, str], float]]:
-    with urllib.request.urlopen(mon.url("/metrics"), timeout=10) as resp:
-        text = resp.read().decode()
+def scrape(mon: MonitorProcess, since: float | None = None
+           ) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of ``/metrics``; with ``since`` (``time.monotonic()``), of the first
+    answer whose stream families were read after it: an answer may serve a snapshot up to
+    2 s old (its ``X-Assaywatch-Snapshot-Age``), which under load can predate the state the
+    test waited for."""
+    while True:
+        with urllib.request.urlopen(mon.url("/metrics"), timeout=10) as resp:
+            text = resp.read().decode()
+            age = float(resp.headers.get("X-Assaywatch-Snapshot-Age") or 0.0)
+        if since is None or time.monotonic() - age >= since:
+            break
+        time.sleep(0.2)
     return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text)
             for s in fam.samples]
 
@@ -48,10 +58,12 @@ def wait_runs(mon: MonitorProcess, expected: dict[str, int], timeout: float = 90
     while time.monotonic() < deadline:
         samples = scrape(mon)
         if all(value(samples, "assaywatch_runs_total", agent=a) >= n
-               for a, n in expected.items()) and not calibrating(mon):
+               for a, n in expected.items()):
             # runs are counted as they arrive; a stream whose baseline froze feeds them to
-            # its detectors once the calibration worker is done: wait for that too
-            return scrape(mon)
+            # its detectors once the calibration worker is done: wait for that too, then
+            # for a snapshot read after it
+            if not calibrating(mon):
+                return scrape(mon, since=time.monotonic())
         time.sleep(0.5)
     got = {a: value(samples, "assaywatch_runs_total", agent=a) for a in expected}
     raise AssertionError(f"runs not assembled in time: expected {expected}, got {got}")
