@@ -117,23 +117,17 @@ class DemoView:
 
     @staticmethod
     def _statistic(name: str, st: Any, cfg: Any) -> tuple[str, str, float | None]:
-        d = {w.name: w.detector for w in st.watches.values()}
+        watch = st.watches.get(name)  # the pass-rate and fingerprint CUSUMs
         if name == "sprt" and st.sprt is not None:
             s = st.sprt
             # Fraction of the way from the Pass boundary a to the Fail boundary b.
             span = s.upper - s.lower
             frac = (s.llr - s.lower) / span if span > 0 else None
             return f"LLR {s.llr:+.2f}", f"{s.lower:.2f}..{s.upper:.2f}", frac
-        if name in ("cusum_pass_rate", "cusum_fingerprint") and name in d:
-            c = d[name]
+        if watch is not None:
+            c = watch.detector
             stat, thr = f"{_num(c.statistic, '.2f')}", f"h {_num(c.threshold, '.2f')}"
             frac = c.statistic / c.threshold if c.threshold > 0 else None
-            m = d.get("mewma") if name == "cusum_fingerprint" else None
-            if m is not None:
-                stat += f" / MEWMA {_num(m.statistic, '.1f')}"
-                thr += f" / {_num(m.threshold, '.1f')}"
-                if m.threshold > 0:
-                    frac = max(frac or 0.0, m.statistic / m.threshold)
             return stat, thr, frac
         if name == "hotelling":
             # The engine's per-test alpha: one test every `hotelling_every` runs keeps the

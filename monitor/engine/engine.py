@@ -811,9 +811,7 @@ class Engine:
 
     def _share(self, name: str, base: Baseline) -> float:
         """The detector's normalised share of the ARL0 budget (0: it never alarms)."""
-        shares = self._shares(base)
-        total = sum(shares.values())
-        return shares.get(name, 0.0) / total if total > 0 else 0.0
+        return watch_shares(self._shares(base), ()).get(name, 0.0)
 
     def _new_sprt(self, st: StreamState) -> WarmStartSPRT:
         base = st.baseline

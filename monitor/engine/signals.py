@@ -43,6 +43,12 @@ def alarm_name(evaluator: str) -> str:
     return f"{EVALUATION}:{evaluator}"
 
 
+def alarm_key(detector: str, evaluator: str) -> str:
+    """The alarm key of an alarm's labels (``detector``, ``evaluator``): the inverse of
+    :func:`split_alarm_name`."""
+    return alarm_name(evaluator) if evaluator else detector
+
+
 def split_alarm_name(name: str) -> tuple[str, str]:
     """(detector, evaluator) of an alarm key: the labels of its ``assaywatch_alarm``."""
     det, _, evaluator = name.partition(":")

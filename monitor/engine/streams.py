@@ -8,6 +8,7 @@ as written to the event log.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -24,6 +25,7 @@ from assaywatch.monitor.engine.signals import (
     FINGERPRINT,
     OUTCOME,
     Watch,
+    alarm_key,
     alarm_name,
     evaluator_signal,
     split_alarm_name,
@@ -64,7 +66,7 @@ class AlarmEvent:
     def alarm_key(self) -> str:
         """The alarm key of the watch that raised it (``engine/signals.py``): one episode
         of alarms per key, so two evaluators' alarms are two episodes."""
-        return alarm_name(self.evaluator) if self.evaluator else self.detector
+        return alarm_key(self.detector, self.evaluator)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -177,6 +179,12 @@ class StreamState:
             return self.sprt_active_fail
         last = self.alarm_last.get(detector)
         return last is not None and self.monitored_runs - last < hold
+
+    def alarm_keys(self, detectors: Iterable[str]) -> list[str]:
+        """The alarm keys the stream reports: ``detectors`` (each has its series, 0 while
+        it cannot run), then its other watches (the evaluators')."""
+        keys = list(detectors)
+        return keys + [w for w in self.watches if w not in keys]
 
     def watch_of(self, evaluator: str) -> Watch | None:
         """The watch of an evaluator's scores or labels, if it is monitored."""

@@ -20,7 +20,6 @@ from assaywatch.analyzers.verdicts import wilson_interval
 from assaywatch.monitor.engine.streams import (
     DETECTORS,
     StreamState,
-    alarm_name,
     recent_pass_rate,
     split_alarm_name,
 )
@@ -53,9 +52,8 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
     base = st.baseline
     onsets: Mapping[str, Mapping[str, Any]] = getattr(st, "alarm_onsets", {}) or {}
     evaluators = getattr(st, "evaluators", {}) or {}
-    watches = getattr(st, "watches", {}) or {}
-    keys = list(DETECTORS) + [w for w in watches if w not in DETECTORS]
-    active = [d for d in keys if base is not None and st.alarm_active(d, hold)]
+    active = [d for d in st.alarm_keys(DETECTORS)
+              if base is not None and st.alarm_active(d, hold)]
     shifts = {k: v for k, v in st.feature_shift.items() if math.isfinite(v)}
     top = sorted(shifts, key=lambda k: -abs(shifts[k]))[:TOP_MOVED]
     alarms = []
@@ -89,7 +87,7 @@ def stream_summary(st: StreamState, hold: int) -> dict[str, Any]:
         "alarms_total": dict(st.alarms_total),
         "hotelling_p_value": st.hotelling_p,
         "disabled_detectors": dict(getattr(st, "disabled", {})),
-        "evaluators": [_evaluator(ev, base, watches.get(alarm_name(ev.name)))
+        "evaluators": [_evaluator(ev, base, st.watch_of(ev.name))
                        for ev in evaluators.values()],
     }
 

@@ -525,8 +525,7 @@ class MonitorCollector(Collector):
                 continue
             # every configured detector's alarm series (0 while it cannot run), and one
             # per evaluator watch; statistics and thresholds from the watches alone
-            keys = detectors + [w for w in st.watches if w not in detectors]
-            for name in keys:
+            for name in st.alarm_keys(detectors):
                 labels = split_alarm_name(name)
                 if labels[0] == EVALUATION and not monitor_scores:
                     continue

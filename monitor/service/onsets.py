@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Any
 
-from assaywatch.monitor.engine.signals import EVALUATION, alarm_name
+from assaywatch.monitor.engine.signals import alarm_key
 from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.exporters.events import EventLog
 
@@ -49,10 +49,15 @@ def onset_id(agent: str, version: str, scenario: str, detector: str, baseline_id
 
 
 def _episode(d: dict[str, Any]) -> Episode:
-    detector, evaluator = str(d.get("detector")), d.get("evaluator")
-    key = alarm_name(str(evaluator)) if detector == EVALUATION and evaluator else detector
-    return (str(d.get("agent")), str(d.get("version")), str(d.get("scenario")), key,
+    """The episode of an onset read back from the event log."""
+    return (str(d.get("agent")), str(d.get("version")), str(d.get("scenario")),
+            alarm_key(str(d.get("detector")), str(d.get("evaluator") or "")),
             str(d.get("baseline_id")))
+
+
+def _event_episode(event: AlarmEvent) -> Episode:
+    k = event.key
+    return (k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id)
 
 
 class OnsetRecorder:
@@ -127,8 +132,7 @@ class OnsetRecorder:
             self._last[ep] = run_index
 
     def is_duplicate(self, event: AlarmEvent, oid: str) -> bool:
-        k = event.key
-        ep: Episode = (k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id)
+        ep = _event_episode(event)
         waiting = self._unmatched.get(ep)
         if oid in self._ids or self._last.get(ep, 0) >= event.run_index:
             if waiting and event.run_index in waiting:
@@ -143,16 +147,14 @@ class OnsetRecorder:
 
     def record(self, event: AlarmEvent) -> bool:
         """Append the onset unless it is one already recorded; True when appended."""
-        k = event.key
-        oid = onset_id(k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id,
-                       event.run_index)
+        ep = _event_episode(event)
+        oid = onset_id(*ep, event.run_index)
         if self.is_duplicate(event, oid):
             self.duplicates += 1
             logger.info("alarm onset %s on %s at run %d is already in the event log "
-                        "(replayed after a restart); not recorded again", event.detector,
-                        k, event.run_index)
+                        "(replayed after a restart); not recorded again", event.alarm_key,
+                        event.key, event.run_index)
             return False
         self.events.append({**event.to_dict(), "onset_id": oid})
-        self._remember((k.agent, k.version, k.scenario, event.alarm_key, event.baseline_id),
-                       event.run_index, oid)
+        self._remember(ep, event.run_index, oid)
         return True
