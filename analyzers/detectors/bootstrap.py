@@ -33,7 +33,11 @@ baseline's sampling so both hold together with probability at least c (union bou
   approximation). Per-chart thresholds :math:`h_j(L)` give ARL :math:`e^L` under the
   estimated chart on :math:`\hat P`; L is the smallest level at which the :math:`c'`
   quantile over b of the union rate :math:`\sum_j 1/\mathrm{ARL}_{b,j}(h_j(L))` is at
-  most :math:`s / \mathrm{arl0}`.
+  most :math:`s / \mathrm{arl0}`. Chart j runs at ARL :math:`e^{L} / w_j`
+  (:func:`chart_weights`): the kinds of change (a feature, a tool swap, the calls'
+  latency) share the budget equally, the charts of a kind equally within it. The charts on
+  the call counts and the latency chart (``latency.py``; refitted on each bootstrap
+  baseline's weights) enter with the law of their per-run likelihood ratios over the rows.
 
 Pure and deterministic given ``seed`` (the engine derives it from the baseline id),
 vectorised numpy: about 0.1-0.2 s per stream at the defaults (``bench_detectors.py``).
@@ -77,6 +81,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from assaywatch.analyzers.detectors import latency
 from assaywatch.analyzers.detectors.calibration import (
     bernoulli_cusum_arl,
     bernoulli_cusum_threshold,
@@ -121,6 +126,10 @@ class BaselineData:
     #: the baseline's labelling evaluators (categorical labels, ``detectors/label.py``);
     #: an evaluator in ``evaluators`` too is monitored by its scores
     labels: Mapping[str, Any] = field(default_factory=dict)
+    #: the kinds of calls of the latency chart and, per sampled run (rows of ``sample``),
+    #: their sums (``latency.stats_vector``); None: no latency chart
+    latency_kinds: Sequence[str] = ()
+    latency_sample: F64 | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,8 @@ class CalibrationSettings:
     tool_counts: bool = False
     #: fraction of a tool's calls a swap chart on the counts is designed for
     tool_shift: float = 0.2
+    #: the factor of every call's latency the latency chart is designed for
+    latency_factor: float = 1.25
 
 
 @dataclass(frozen=True)
@@ -163,9 +174,12 @@ class Thresholds:
     scores: Mapping[str, float] = field(default_factory=dict)
     #: the fingerprint thresholds are for swap charts on the call counts (``toolcounts``)
     tool_counts: bool = False
+    #: the latency chart's kinds and model (a, b, sigma^2 per kind, ``latency.fit`` on the
+    #: baseline's sample), when the fingerprint thresholds include it (the last chart)
+    latency: tuple[tuple[str, ...], F64] | None = None
 
 
-def _chart_h(level: float, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
+def _chart_h(level: float | F64, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
     """Per chart, the h with ARL e^level (bisection on the monotone formula), at least
     ``h_min``."""
     lo, hi = np.full_like(theta, h_min), np.full_like(theta, _MAX_H)
@@ -176,15 +190,27 @@ def _chart_h(level: float, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> 
     return hi
 
 
+def _latency_model(data: BaselineData) -> tuple[tuple[str, ...], F64] | None:
+    """The latency chart's kinds and model fitted on the whole sample, if it has one."""
+    lat = data.latency_sample
+    if lat is None or not len(data.latency_kinds) or lat.shape[0] != data.sample.shape[0]:
+        return None
+    n = lat.shape[0]
+    return tuple(data.latency_kinds), latency.fit(lat, np.full(n, 1.0 / n))
+
+
 def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf: float,
-                 rng: np.random.Generator) -> tuple[F64 | None, float]:
+                 rng: np.random.Generator
+                 ) -> tuple[F64 | None, float, tuple[tuple[str, ...], F64] | None]:
+    lat_model = _latency_model(data)
     det = MultichartCUSUM(data.mean, data.cov, k=s.k, h=1.0, clip=s.clip,
                           feature_names=data.feature_names, tool_counts=s.tool_counts,
-                          tool_shift=s.tool_shift)
+                          tool_shift=s.tool_shift, latency=lat_model,
+                          latency_factor=s.latency_factor)
     x = np.asarray(data.sample, dtype=np.float64)
     m = len(det.labels)
     if m == 0 or x.shape[0] < 2:
-        return None, math.nan
+        return None, math.nan, None
     mean = np.asarray(data.mean, dtype=np.float64)
     sd0 = np.sqrt(np.clip(np.diag(np.asarray(data.cov)), 0.0, None))
     labels, vecs = shift_directions(det.feature_labels, mean, sd0, det.min_sd,
@@ -214,9 +240,11 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
 
     hists = [histogram(mean, det.projections)]
     means = [mean]
+    weights_b = [np.full(n, 1.0 / n)]
     for _ in range(s.reps):
         # a bootstrap baseline of the baseline's size: multinomial weights on the sample
         w = np.bincount(rng.integers(0, n, size=big_n), minlength=n) / big_n
+        weights_b.append(w)
         mean_b = np.einsum("n,nd->d", w, x)
         xc = x - mean_b
         cov_b = np.einsum("nd,n,ne->de", xc, w, xc) * big_n / (big_n - 1)
@@ -229,11 +257,16 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     theta, mu, sd = _adjustment(values, weights)
     target_rate = share / s.arl0
     h_min = np.full(2 * m, s.clip)  # one run never alarms on its own
+    # chart j runs at ARL e^(L - log w_j): each kind of change gets an equal part
+    shift = -np.log(chart_weights(det))
     if det._swap.size:
         _count_laws(det, x, np.array(means), (theta, mu, sd), h_min)
+    if det.latency_kinds:
+        assert data.latency_sample is not None
+        _latency_laws(det, data.latency_sample, np.array(weights_b), (theta, mu, sd), h_min)
 
     def union_rate(level: float) -> float:
-        h = _chart_h(level, theta[0], mu[0], sd[0], h_min)
+        h = _chart_h(level + shift, theta[0], mu[0], sd[0], h_min)
         rate = (1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:])).sum(axis=1)
         return float(np.quantile(rate, conf))
 
@@ -243,7 +276,45 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
             mid = (lo + hi) / 2.0
             lo, hi = (mid, hi) if union_rate(mid) > target_rate else (lo, mid)
         lo = hi
-    return _chart_h(lo, theta[0], mu[0], sd[0], h_min).reshape(2, m), lo
+    return _chart_h(lo + shift, theta[0], mu[0], sd[0], h_min).reshape(2, m), lo, lat_model
+
+
+def chart_weights(det: MultichartCUSUM) -> F64:
+    """Each chart's part of the fingerprint's budget, up charts then down charts, mean 1:
+    the kinds of change present (a feature moving; a swap between two tools; every call's
+    latency) share it equally, and the charts of one kind equally within it. A single
+    latency chart then runs at a third of the budget rather than one part in ~40, while
+    the feature and swap charts pay log(3/2) nats or less in threshold for it (module
+    docstring)."""
+    m = len(det.labels)
+    kind = np.zeros(m, dtype=np.int64)  # 0 feature, 1 swap, 2 latency
+    kind[[j for j, lab in enumerate(det.labels) if lab.startswith("swap:")]] = 1
+    if det.latency_kinds:
+        kind[det._lat_chart] = 2
+    counts = np.bincount(kind, minlength=3)
+    present = int((counts > 0).sum())
+    w = m / (present * counts[kind])
+    out: F64 = np.concatenate([w, w])
+    return out
+
+
+def _latency_laws(det: MultichartCUSUM, lat: F64, weights: F64,
+                  laws: tuple[F64, F64, F64], h_min: F64) -> None:
+    """Replace, in ``laws``, those of the latency chart (up and down) by its increments'
+    law: the clipped LLR of every sampled run (uniform weights: the law P-hat) under the
+    model each bootstrap baseline (``weights``, (reps + 1, n)) would have fitted; its
+    ``h_min`` is the clip."""
+    params = latency.fit(lat, weights)[:, None]  # (B, 1, K, 3)
+    theta = math.log(det.latency_factor)
+    up = latency.llr(lat[None], params, theta, det.count_clip)  # (B, n)
+    down = latency.llr(lat[None], params, -theta, det.count_clip)
+    vals = np.stack([up, down], axis=1)  # (B, 2, n)
+    th, mu, sd = _adjustment(vals, np.full(vals.shape, 1.0 / lat.shape[0]))
+    j = det._lat_chart
+    cols = np.array([j, j + len(det.labels)])
+    for dst, src in zip(laws, (th, mu, sd), strict=True):
+        dst[:, cols] = src
+    h_min[cols] = det.count_clip
 
 
 def _count_laws(det: MultichartCUSUM, x: F64, means: F64, laws: tuple[F64, F64, F64],
@@ -334,7 +405,7 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
                                          conf)
         except ValueError as exc:  # e.g. a baseline too small or too perfect
             disabled["cusum_pass_rate"] = str(exc)
-    h_fp, level = None, math.nan
+    h_fp, level, lat_model = None, math.nan, None
     d = int(np.asarray(data.mean).size)
     if "cusum_fingerprint" in shares and data.n_runs < max(_MIN_RUNS, 2 * d):
         disabled["cusum_fingerprint"] = (
@@ -342,8 +413,8 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
             f"{max(_MIN_RUNS, 2 * d)} baseline runs, the baseline has {data.n_runs}")
     elif "cusum_fingerprint" in shares:
         rng = np.random.default_rng(seed)
-        h_fp, level = _fingerprint(data, settings, shares["cusum_fingerprint"] / total,
-                                   conf, rng)
+        h_fp, level, lat_model = _fingerprint(data, settings,
+                                              shares["cusum_fingerprint"] / total, conf, rng)
     h_scores: dict[str, float] = {}
     labels = evaluator_labels(data.evaluators, data.labels)
     n_eval = len(data.evaluators) + len(labels)
@@ -364,7 +435,8 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
                                              settings.arl0 / share_each, det_conf,
                                              max(LABEL_REPS, settings.reps), rng_l)
     return Thresholds(h_pass, h_fp, p0_pass, level, conf, disabled, h_scores,
-                      tool_counts=settings.tool_counts)
+                      tool_counts=settings.tool_counts,
+                      latency=lat_model if h_fp is not None else None)
 
 
 def evaluator_labels(evaluators: Mapping[str, Any], labels: Mapping[str, Any]

@@ -85,7 +85,7 @@ def cache_key(baseline_id: str, source: str, settings: CalibrationSettings,
     return (baseline_id, source, sample_rows, float(s.arl0), float(s.confidence),
             tuple(sorted((k, float(v)) for k, v in s.shares.items())), float(s.k),
             float(s.delta), int(s.reps), float(s.clip), float(s.score_shift),
-            float(s.tool_shift))
+            float(s.tool_shift), float(s.latency_factor))
 
 
 class ThresholdCache:

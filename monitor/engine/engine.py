@@ -70,7 +70,7 @@ import numpy as np
 from assaywatch.analyzers.baseline import Baseline, BaselineBuilder
 from assaywatch.analyzers.budget import adaptive_budget
 from assaywatch.analyzers.coverage import CoverageTracker
-from assaywatch.analyzers.detectors import BernoulliCUSUM
+from assaywatch.analyzers.detectors import BernoulliCUSUM, latency
 from assaywatch.analyzers.detectors.bootstrap import (
     BaselineData,
     CalibrationSettings,
@@ -441,8 +441,10 @@ class Engine:
             while len(self._latest_frozen) > 4 * self.max_streams:
                 del self._latest_frozen[next(iter(self._latest_frozen))]
         sample = self._learned_sample(st, base) if origin == "learned" else None
-        st.sample, st.sample_tools = [], []
-        job = self._calibration_job(base, sample)
+        lat = (self._latency_sample(st) if sample is not None
+               and len(st.latency_sample) == sample.shape[0] else None)
+        st.sample, st.sample_tools, st.latency_sample = [], [], []
+        job = self._calibration_job(base, sample, lat)
         th = self._thresholds.get(job.key)
         if th is not None:
             self.calibrations["cached"] += 1
@@ -464,12 +466,22 @@ class Engine:
         st.sample_tools.extend(sorted({t for t in run.tools_used if t not in known}))
         cap = self.config.calibration_runs
         n = st.builder.n_runs if st.builder is not None else len(st.sample) + 1
+        if len(st.latency_sample) != len(st.sample):
+            # a checkpoint from before the latency sums: no latency chart for this baseline
+            st.latency_sample = []
+            lat = None
+        else:
+            lat = latency.run_stats(run)
         if len(st.sample) < cap:
             st.sample.append(fingerprint(run, st.sample_tools))
+            if lat is not None:
+                st.latency_sample.append(lat)
             return
         j = int(np.random.default_rng([n, _seed(st.key.as_labels())]).integers(0, n))
         if j < cap:
             st.sample[j] = fingerprint(run, st.sample_tools)
+            if lat is not None and st.latency_sample:
+                st.latency_sample[j] = lat
 
     def _learned_sample(self, st: StreamState, base: Baseline) -> np.ndarray | None:
         if len(st.sample) < 2:
@@ -486,7 +498,16 @@ class Engine:
                 out[:, j] = rows[:, col[name]]
         return out
 
-    def _calibration_job(self, base: Baseline, sample: np.ndarray | None) -> CalibrationJob:
+    @staticmethod
+    def _latency_sample(st: StreamState) -> tuple[list[str], np.ndarray] | None:
+        """The latency chart's kinds for the sample and each sampled run's sums."""
+        kinds = latency.choose_kinds(st.latency_sample)
+        if not kinds:
+            return None
+        return kinds, np.array([latency.stats_vector(s, kinds) for s in st.latency_sample])
+
+    def _calibration_job(self, base: Baseline, sample: np.ndarray | None,
+                         lat: tuple[list[str], np.ndarray] | None = None) -> CalibrationJob:
         cfg = self.config
         seed = int(base.baseline_id, 16) if base.baseline_id else 0
         source = "learned"
@@ -507,7 +528,9 @@ class Engine:
         data = BaselineData(mean=base.mean, cov=base.cov, n_runs=max(2, base.n_runs),
                             passes=base.passes, fails=base.fails, sample=sample,
                             feature_names=base.feature_names, evaluators=base.evaluators,
-                            labels=base.labels)
+                            labels=base.labels,
+                            latency_kinds=() if lat is None else tuple(lat[0]),
+                            latency_sample=None if lat is None else lat[1])
         # A learned baseline and one given samples are calibrated on their runs: a later
         # stream on the same baseline id without runs (a new version) reuses that result.
         key = self._known_key(base.baseline_id, settings) if source == "gaussian" else None
@@ -662,7 +685,8 @@ class Engine:
             makers["cusum_fingerprint"] = lambda arl0: MultichartCUSUM(
                 mean=base.mean, cov=base.cov, k=cfg.fingerprint_shift / 2, h=h_fp,
                 arl0=arl0, feature_names=list(base.feature_names),
-                tool_counts=bool(getattr(th, "tool_counts", False)))
+                tool_counts=bool(getattr(th, "tool_counts", False)),
+                latency=getattr(th, "latency", None))
         watches: dict[str, Watch] = {}
         st.disabled = dict(th.disabled)
         for name, make in makers.items():
@@ -847,7 +871,7 @@ class Engine:
             fired.extend(self._outcome(st, run.outcome))
         fired.extend(self._release_held(st, run.end_ns))
         st.recent_fps.append(fp)
-        fired.extend(self._feed(st, FINGERPRINT, fp))
+        fired.extend(self._feed(st, FINGERPRINT, self._fingerprint_input(st, run, fp)))
         due = st.monitored_runs % cfg.hotelling_every == 0
         # The window as a matrix, built once for the Hotelling test and the budget (both
         # run at the Hotelling cadence only).
@@ -867,6 +891,16 @@ class Engine:
             fired.extend(self._score(st, name, label))
         return self._raise(st, fired, run.run_id, run.end_ns,
                            st.n_runs if stream_run is None else stream_run)
+
+    @staticmethod
+    def _fingerprint_input(st: StreamState, run: Run, fp: np.ndarray) -> np.ndarray:
+        """What the fingerprint watch reads: the fingerprint, then the run's latency sums
+        when its chart has a latency chart (``detectors/latency.py``)."""
+        watch = st.watches.get("cusum_fingerprint")
+        kinds = getattr(watch.detector, "latency_kinds", ()) if watch is not None else ()
+        if not kinds:
+            return fp
+        return np.concatenate([fp, latency.stats_vector(latency.run_stats(run), kinds)])
 
     def _raise(self, st: StreamState, fired: list[tuple[str, dict[str, Any]]], run_id: str,
                time_ns: int, stream_run: int | None) -> list[AlarmEvent]:

@@ -140,6 +140,9 @@ class StreamState:
     #: then ``sample_tools`` in discovery order) for the bootstrap calibration
     sample: list[np.ndarray] = field(default_factory=list)
     sample_tools: list[str] = field(default_factory=list)
+    #: while learning: beside each sampled fingerprint, the run's per-kind latency sums
+    #: (``detectors/latency.run_stats``) for the latency chart
+    latency_sample: list[dict[str, list[float]]] = field(default_factory=list)
     #: True from the baseline's freeze until its thresholds arrive from the calibration
     #: worker: the detectors are not built yet and the runs wait in ``pending_runs``
     calibrating: bool = False

@@ -477,7 +477,8 @@ class MonitorCollector(Collector):
         alarm = rows.gauge("assaywatch_alarm", "1 while the detector's alarm is active.",
                            ("detector", "evaluator"))
         stat = rows.gauge("assaywatch_cusum_statistic", "CUSUM statistic per feature "
-                          "(pass_rate for the Bernoulli CUSUM).", ("feature",))
+                          "(pass_rate for the Bernoulli CUSUM, latency for the chart on "
+                          "every call's latency).", ("feature",))
         verdict = rows.gauge("assaywatch_verdict", "Current verdict per test, one-hot.",
                              ("test", "verdict"))
         rate = rows.gauge("assaywatch_pass_rate", "Pass rate of the window.", ("window",))
