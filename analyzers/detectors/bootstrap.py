@@ -30,14 +30,17 @@ baseline's sampling so both hold together with probability at least c (union bou
 
   (Siegmund 1985: the adjustment coefficient :math:`\theta` of the *empirical* increment
   law carries its skewness and discreteness; the Gaussian case is exact to this
-  approximation). Per-chart thresholds :math:`h_j(L)` give ARL :math:`e^L` under the
-  estimated chart on :math:`\hat P`; L is the smallest level at which the :math:`c'`
-  quantile over b of the union rate :math:`\sum_j 1/\mathrm{ARL}_{b,j}(h_j(L))` is at
-  most :math:`s / \mathrm{arl0}`. Chart j runs at ARL :math:`e^{L} / w_j`
-  (:func:`chart_weights`): the kinds of change (a feature, a tool swap, the calls'
-  latency) share the budget equally, the charts of a kind equally within it. The charts on
-  the call counts and the latency chart (``latency.py``; refitted on each bootstrap
-  baseline's weights) enter with the law of their per-run likelihood ratios over the rows.
+  approximation). The charts fall in kinds of change (:func:`chart_kinds`: a feature, a
+  swap between two tools, every call's latency); the g kinds present share the budget and
+  the confidence's complement equally (union bound). Within kind k, per-chart thresholds
+  :math:`h_j(L_k)` give ARL :math:`e^{L_k}` under the estimated chart on :math:`\hat P`;
+  :math:`L_k` is the smallest level at which the :math:`1 - (1 - c')/g` quantile over b
+  of the kind's rate :math:`\sum_{j \in k} 1/\mathrm{ARL}_{b,j}(h_j(L_k))` is at most
+  :math:`s / (g\,\mathrm{arl0})`. So the estimation noise of ~20 feature charts on a
+  small baseline does not raise the thresholds of the swap and latency charts, whose
+  laws are known better. The charts on the call counts and the latency chart
+  (``latency.py``; refitted on each bootstrap baseline's weights) enter with the law of
+  their per-run likelihood ratios over the rows.
 
 Pure and deterministic given ``seed`` (the engine derives it from the baseline id),
 vectorised numpy: about 0.1-0.2 s per stream at the defaults (``bench_detectors.py``).
@@ -87,6 +90,7 @@ from assaywatch.analyzers.detectors.calibration import (
     bernoulli_cusum_threshold,
 )
 from assaywatch.analyzers.detectors.multichart import (
+    RUN_CLIP,
     MultichartCUSUM,
     projection,
     shift_directions,
@@ -95,6 +99,7 @@ from assaywatch.analyzers.detectors.score import ScoreSummary, best_lambda
 from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl
 from assaywatch.analyzers.detectors.toolcounts import (
     call_shares,
+    run_swap_llr,
     swap_llr,
     swap_weights,
     tool_counts,
@@ -257,44 +262,72 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     theta, mu, sd = _adjustment(values, weights)
     target_rate = share / s.arl0
     h_min = np.full(2 * m, s.clip)  # one run never alarms on its own
-    # chart j runs at ARL e^(L - log w_j): each kind of change gets an equal part
-    shift = -np.log(chart_weights(det))
     if det._swap.size:
         _count_laws(det, x, np.array(means), (theta, mu, sd), h_min)
     if det.latency_kinds:
         assert data.latency_sample is not None
         _latency_laws(det, data.latency_sample, np.array(weights_b), (theta, mu, sd), h_min)
+    # each kind of change (features, swaps, latency) gets an equal part of the budget.
+    # The latency chart's law is fitted on every call of the baseline, far better known
+    # than the others': it gets its own part of the confidence's complement (union
+    # bound; parts in proportion to the charts), so that the estimation noise of the
+    # features and swaps, whose joint quantile keeps the benefit of their noises
+    # averaging out, does not raise it.
+    kinds = chart_kinds(det)
+    n_kinds = len(np.unique(kinds))
+    groups = [np.flatnonzero(kinds != LATENCY_KIND), np.flatnonzero(kinds == LATENCY_KIND)]
+    groups = [g for g in groups if g.size]
+    counts = np.bincount(kinds, minlength=LATENCY_KIND + 1)
+    # within a group, chart j runs at ARL e^(L - log w_j), w_j = 2m / (kinds x its kind's
+    # charts): each kind's plug-in rate is an equal part
+    shift = -np.log(kinds.size / (n_kinds * counts[kinds]))
+    h = np.empty(2 * m)
+    levels = []
+    for cols in groups:
+        part = len(np.unique(kinds[cols])) / n_kinds
+        conf_g = 1.0 - (1.0 - conf) * cols.size / kinds.size
+        level = _group_level(theta[:, cols], mu[:, cols], sd[:, cols], h_min[cols],
+                             shift[cols], target_rate * part, conf_g,
+                             math.log(s.arl0 / share))
+        h[cols] = _chart_h(level + shift[cols], theta[0, cols], mu[0, cols], sd[0, cols],
+                           h_min[cols])
+        levels.append(level)
+    return h.reshape(2, m), max(levels), lat_model
 
-    def union_rate(level: float) -> float:
+
+def _group_level(theta: F64, mu: F64, sd: F64, h_min: F64, shift: F64, target_rate: float,
+                 conf: float, start: float) -> float:
+    """The smallest level L at which the ``conf`` quantile over bootstrap baselines (rows
+    1:) of the charts' summed rate is at most ``target_rate``, chart j's threshold giving
+    ARL e^(L + shift_j) on the plug-in law (row 0); at least ``start``."""
+
+    def rate(level: float) -> float:
         h = _chart_h(level + shift, theta[0], mu[0], sd[0], h_min)
-        rate = (1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:])).sum(axis=1)
-        return float(np.quantile(rate, conf))
+        r = (1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:])).sum(axis=1)
+        return float(np.quantile(r, conf))
 
-    lo, hi = math.log(s.arl0 / share), math.log(s.arl0 / share) + 30.0
-    if union_rate(lo) > target_rate:
+    lo, hi = start, start + 30.0
+    if rate(lo) > target_rate:
         for _ in range(24):
             mid = (lo + hi) / 2.0
-            lo, hi = (mid, hi) if union_rate(mid) > target_rate else (lo, mid)
+            lo, hi = (mid, hi) if rate(mid) > target_rate else (lo, mid)
         lo = hi
-    return _chart_h(lo + shift, theta[0], mu[0], sd[0], h_min).reshape(2, m), lo, lat_model
+    return lo
 
 
-def chart_weights(det: MultichartCUSUM) -> F64:
-    """Each chart's part of the fingerprint's budget, up charts then down charts, mean 1:
-    the kinds of change present (a feature moving; a swap between two tools; every call's
-    latency) share it equally, and the charts of one kind equally within it. A single
-    latency chart then runs at a third of the budget rather than one part in ~40, while
-    the feature and swap charts pay log(3/2) nats or less in threshold for it (module
-    docstring)."""
+LATENCY_KIND = 2
+
+
+def chart_kinds(det: MultichartCUSUM) -> NDArray[np.int64]:
+    """The kind of change of each chart, up charts then down charts: 0 a feature, 1 a
+    swap between two tools (of a share of every run's calls, or of whole runs), 2 every
+    call's latency. Each kind gets an equal part of the fingerprint's budget."""
     m = len(det.labels)
-    kind = np.zeros(m, dtype=np.int64)  # 0 feature, 1 swap, 2 latency
-    kind[[j for j, lab in enumerate(det.labels) if lab.startswith("swap:")]] = 1
+    kind = np.zeros(m, dtype=np.int64)
+    kind[[j for j, lab in enumerate(det.labels) if lab.startswith(("swap:", "runswap:"))]] = 1
     if det.latency_kinds:
-        kind[det._lat_chart] = 2
-    counts = np.bincount(kind, minlength=3)
-    present = int((counts > 0).sum())
-    w = m / (present * counts[kind])
-    out: F64 = np.concatenate([w, w])
+        kind[det._lat_chart] = LATENCY_KIND
+    out: NDArray[np.int64] = np.concatenate([kind, kind])
     return out
 
 
@@ -325,14 +358,21 @@ def _count_laws(det: MultichartCUSUM, x: F64, means: F64, laws: tuple[F64, F64, 
     baseline's mean (``means``, (reps + 1, d)); their ``h_min`` is the clip."""
     a, b, j = det._pa, det._pb, det._swap
     counts = tool_counts(x, det._steps_col, det._tool_cols)  # (n, tools)
-    w = swap_weights(call_shares(means, det._tool_cols), a, b, det.tool_shift)
-    ll = swap_llr(counts[None, :, :], w[:, None], a, b, det.count_clip)  # (B, n, 2, P)
-    vals = np.moveaxis(ll, 1, -1).reshape(means.shape[0], 2 * j.size, counts.shape[0])
-    th, mu, sd = _adjustment(vals, np.full(vals.shape, 1.0 / counts.shape[0]))
-    cols = np.concatenate([j, j + len(det.labels)])
-    for dst, src in zip(laws, (th, mu, sd), strict=True):
-        dst[:, cols] = src
-    h_min[cols] = det.count_clip
+    p = call_shares(means, det._tool_cols)  # (B, tools)
+    w = swap_weights(p, a, b, det.tool_shift)
+    charts = [(j, swap_llr(counts[None, :, :], w[:, None], a, b, det.count_clip),
+               det.count_clip)]  # (B, n, 2, P)
+    runs = getattr(det, "_runswap", np.zeros(0, dtype=np.int64))
+    if runs.size:
+        charts.append((runs, run_swap_llr(counts[None, :, :], p[:, None], a, b,
+                                          det.swap_runs, RUN_CLIP), RUN_CLIP))
+    for idx, ll, least in charts:
+        vals = np.moveaxis(ll, 1, -1).reshape(means.shape[0], 2 * idx.size, counts.shape[0])
+        th, mu, sd = _adjustment(vals, np.full(vals.shape, 1.0 / counts.shape[0]))
+        cols = np.concatenate([idx, idx + len(det.labels)])
+        for dst, src in zip(laws, (th, mu, sd), strict=True):
+            dst[:, cols] = src
+        h_min[cols] = least
 
 
 def _pass_rate(data: BaselineData, delta: float, arl0: float, conf: float

@@ -47,9 +47,12 @@ Choices and why
   varies little for true factors around it (a likelihood-ratio CUSUM's delay is flat near
   its design point).
 * Kinds with fewer than ``MIN_CALLS`` calls in the baseline are left out (their law is
-  unknown); at most ``MAX_KINDS`` kinds are charted, llm and retrieve first, then the tools
-  with the most calls; sigma is floored at ``MIN_SIGMA`` (5% in latency) so a tool of
-  near-constant latency cannot dominate. Latencies below 0.1 ms count as 0.1 ms.
+  unknown), and so are kinds whose typical call takes under 10 ms (``MIN_TYPICAL_S``:
+  a local function's latency is the host's scheduling noise, which moves with the
+  machine's load, not a regression of the agent); at most ``MAX_KINDS`` kinds are
+  charted, llm and retrieve first, then the tools with the most calls; sigma is floored
+  at ``MIN_SIGMA`` (5% in latency) so a tool of near-constant latency cannot dominate.
+  Latencies below 0.1 ms count as 0.1 ms.
 
 Examples
 --------
@@ -90,6 +93,9 @@ MIN_CALLS = 30
 MAX_KINDS = 16
 #: floor of a kind's residual sd, in log latency
 MIN_SIGMA = 0.05
+#: least typical (geometric mean) latency of a charted kind, seconds: below it a call's
+#: latency is mostly the host's scheduling, not the call's
+MIN_TYPICAL_S = 0.01
 _MIN_LATENCY_S = 1e-4
 _TIMED = {Action.LLM: "llm", Action.RETRIEVE: "retrieve"}
 
@@ -136,10 +142,13 @@ def stats_vector(stats: Mapping[str, Sequence[float]], kinds: Sequence[str]) -> 
 def choose_kinds(sample: Sequence[Mapping[str, Sequence[float]]]) -> list[str]:
     """The kinds to chart for a baseline sample of :func:`run_stats` (module docstring)."""
     calls: dict[str, float] = {}
+    logs: dict[str, float] = {}
     for stats in sample:
         for k, v in stats.items():
             calls[k] = calls.get(k, 0.0) + float(v[0])
-    ok = [k for k, n in calls.items() if n >= MIN_CALLS]
+            logs[k] = logs.get(k, 0.0) + float(v[1])
+    ok = [k for k, n in calls.items()
+          if n >= MIN_CALLS and logs[k] / n >= math.log(MIN_TYPICAL_S)]
     first = [k for k in ("llm", "retrieve") if k in ok]
     tools = sorted((k for k in ok if k not in first), key=lambda k: (-calls[k], k))
     return (first + tools)[:MAX_KINDS]

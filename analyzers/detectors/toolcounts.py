@@ -25,6 +25,11 @@ place of the Gaussian swap charts (``up`` = a to b, ``down`` = b to a); its thre
 from the bootstrap of the baseline's runs (``bootstrap.py``), which resamples whole runs,
 so over-dispersed call counts and within-run correlation are in the calibration.
 
+:func:`run_swap_llr` is the other shape of a swap: in a share s of the runs *every* call
+of a goes to b (the rest unchanged), the exact likelihood ratio of a run being
+:math:`(1 - s) + s\,[n_a = 0]\,(1 + p_a / p_b)^{n_b}`; the multichart runs both shapes
+for every pair.
+
 Choices and why
 ---------------
 * The Gaussian chart on the shares sees a run of five calls and one of fifty alike and
@@ -47,10 +52,12 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["call_shares", "clip", "swap_llr", "swap_weights", "tool_counts"]
+__all__ = ["call_shares", "clip", "run_swap_llr", "swap_llr", "swap_weights", "tool_counts"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -104,3 +111,28 @@ def swap_llr(counts: F64, weights: F64, a: I64, b: I64, bound: float) -> F64:
     na, nb = counts[..., a], counts[..., b]
     ll = (na[..., None, :] * weights[..., 0] + nb[..., None, :] * weights[..., 1])
     return clip(ll, -bound, bound)
+
+
+def run_swap_llr(counts: F64, p: F64, a: I64, b: I64, share: float, bound: float) -> F64:
+    r"""Clipped per-run LLRs, shape (..., 2, pairs), of a **swap of whole runs**: in a
+    share ``share`` of runs every call of tool a goes to b (``up``; ``down``: b to a), the
+    other runs unchanged. A run with :math:`n_a = 0` is then
+    :math:`(1 - s) + s\,(1 + p_a / p_b)^{n_b}` times as likely, one with :math:`n_a > 0`
+    :math:`1 - s` times (it cannot be a swapped run):
+
+    .. math::
+
+        \ell = \log\big((1 - s) + s\,[n_a = 0]\,(1 + p_a / p_b)^{n_b}\big).
+
+    ``p`` the call shares, (..., tools) broadcasting with ``counts`` (..., tools)."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"swap_runs={share!r} must be a share of runs in (0, 1)")
+    na, nb = counts[..., a], counts[..., b]
+    pa, pb = p[..., a], p[..., b]
+    keep = math.log1p(-share)
+    with np.errstate(over="ignore"):
+        up = np.where(na == 0, np.logaddexp(keep, math.log(share) + nb * np.log1p(pa / pb)),
+                      keep)
+        down = np.where(nb == 0, np.logaddexp(keep, math.log(share) + na * np.log1p(pb / pa)),
+                        keep)
+    return clip(np.stack([up, down], axis=-2), -bound, bound)

@@ -31,6 +31,13 @@ Latencies depend only on observed quantities (tool identity, input tokens), neve
 the likelihood ratio of a latency change is exact from the observed run; tool choice is
 independent of everything else, so that of a tool swap is exact too (see :class:`Batch`).
 
+Two options break those independences, for in-control checks in a world the detectors were
+not designed on (the oracle's LLRs are then no longer exact): ``tool_concentration``
+(each run draws its own tool preferences, Dirichlet around ``tools``' probabilities: tool
+choices correlate within a run, as when a task type favours a tool) and
+``latency_run_sigma`` (a per-run load factor on every latency of the run). Both default
+to off, which leaves the default world's random stream unchanged.
+
 Changes (:class:`Change`): ``pass_rate`` (the marginal pass rate drops by ``size``: the
 intercept moves, nothing else does), ``tool_swap`` (in a share ``size`` of runs every call
 of the scenario's ``swap[0]`` goes to ``swap[1]``; default share: the scenario's
@@ -169,6 +176,11 @@ class Scenario:
     difficulty_pass: float = 1.0
     error_pass: float = 1.2
     model: str = "gpt-sim-4"
+    #: per-run tool preferences: each run draws its tool probabilities from a Dirichlet
+    #: with mean ``tool_probs`` and this concentration (math.inf: every call i.i.d.)
+    tool_concentration: float = math.inf
+    #: per-run load: every latency of a run times exp(N(0, sigma^2)) (0: none)
+    latency_run_sigma: float = 0.0
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -396,7 +408,7 @@ def _lognormal_llr(lat: F64, med: F64, sigma: float, cap_mult: float, f: float) 
 
 
 def _attempts(med: F64, sigma: float, cap_mult: float, p_err: float, p_retry: float,
-              factor: float, rng: np.random.Generator) -> tuple[F64, NDArray[np.bool_],
+              factor: float | F64, rng: np.random.Generator) -> tuple[F64, NDArray[np.bool_],
                                                                  NDArray[np.bool_], F64,
                                                                  NDArray[np.bool_]]:
     """First and (when failed and retried) second attempt of each call."""
@@ -415,6 +427,10 @@ def _sample(sc: Scenario, n: int, rng: np.random.Generator, change: Change,
     kind = change.kind
     factor = float(change.size) if kind == "latency" and change.size is not None else 1.0
     d = rng.standard_normal(n)
+    # per-run load, shared by every call of a run (drawn only when asked: the default
+    # world's random stream is unchanged)
+    load = (np.exp(sc.latency_run_sigma * rng.standard_normal(n))
+            if sc.latency_run_sigma > 0 else np.ones(n))
     if sc.fixed_rounds is not None:
         m = np.full(n, sc.fixed_rounds, dtype=np.int64)
     else:
@@ -425,7 +441,7 @@ def _sample(sc: Scenario, n: int, rng: np.random.Generator, change: Change,
         m = np.minimum(rng.poisson(lam), sc.max_rounds).astype(np.int64)
     retrieve = rng.random(n) < sc.retrieve_prob
     retrieve_lat = sc.retrieve_latency_s * np.exp(sc.latency_sigma_tool
-                                                  * rng.standard_normal(n)) * factor
+                                                  * rng.standard_normal(n)) * factor * load
     retrieve_chars = (1500 * np.exp(0.5 * rng.standard_normal(n))).astype(np.int64)
     if sc.handoff_prob > 0:
         ph = special.expit(special.logit(sc.handoff_prob) + sc.difficulty_handoff * d)
@@ -441,7 +457,13 @@ def _sample(sc: Scenario, n: int, rng: np.random.Generator, change: Change,
     # tool rounds
     r_run = np.repeat(np.arange(n), m)
     k_tools = len(sc.tools)
-    r_tool = rng.choice(k_tools, size=r_run.size, p=sc.tool_probs).astype(np.int64)
+    if math.isinf(sc.tool_concentration):
+        r_tool = rng.choice(k_tools, size=r_run.size, p=sc.tool_probs).astype(np.int64)
+    else:  # each run its own preferences: tool choices correlated within a run
+        prefs = rng.dirichlet(sc.tool_concentration * sc.tool_probs, size=n)
+        cum = np.cumsum(prefs, axis=1)[r_run]
+        u = rng.random(r_run.size)[:, None]
+        r_tool = np.minimum((u > cum).sum(axis=1), k_tools - 1).astype(np.int64)
     if share > 0:
         a, bb = sc.tool_names.index(sc.swap[0]), sc.tool_names.index(sc.swap[1])
         r_tool[(r_tool == a) & swapped[r_run]] = bb
@@ -449,7 +471,7 @@ def _sample(sc: Scenario, n: int, rng: np.random.Generator, change: Change,
     r_med = meds[r_tool]
     r_lat1, r_err1, r_retry, r_lat2, r_err2 = _attempts(
         r_med, sc.latency_sigma_tool, sc.timeout_mult, sc.tool_error, sc.retry_prob,
-        factor, rng)
+        factor * load[r_run], rng)
     chars = (sc.tool_output_chars * np.exp(0.8 * rng.standard_normal((2, r_run.size))))
     r_chars1 = np.where(r_err1, 0, chars[0]).astype(np.int64)
     r_chars2 = np.where(r_err2, 0, chars[1]).astype(np.int64)
@@ -472,7 +494,8 @@ def _sample(sc: Scenario, n: int, rng: np.random.Generator, change: Change,
                                      + sc.token_sigma_out * rng.standard_normal((2, l_run.size)))
     l_med = sc.llm_latency_s * (l_in / sc.input_tokens) ** sc.llm_latency_tokens_exp
     l_lat1, l_err1, l_retry, l_lat2, l_err2 = _attempts(
-        l_med, sc.latency_sigma_llm, sc.timeout_mult, sc.llm_error, sc.retry_prob, factor, rng)
+        l_med, sc.latency_sigma_llm, sc.timeout_mult, sc.llm_error, sc.retry_prob,
+        factor * load[l_run], rng)
     l_out1 = np.where(l_err1, 0, np.maximum(1, outs[0])).astype(np.int64)
     l_out2 = np.where(l_err2, 0, np.maximum(1, outs[1])).astype(np.int64)
 

@@ -144,3 +144,14 @@ def test_a_multichart_without_latency_model_reads_the_fingerprint_alone() -> Non
         det.update(np.zeros(3))
     with pytest.raises(ValueError, match="sigma"):
         MultichartCUSUM(np.zeros(2), np.eye(2), latency=(["llm"], np.array([[0.0, 0.0, 0.0]])))
+
+
+def test_kinds_need_enough_calls_and_a_latency_above_the_hosts_scheduling() -> None:
+    def run(tool: str, latency_s: float, calls: int) -> dict[str, list[float]]:
+        steps = [Step(Action.TOOL, tool=tool, latency_s=latency_s) for _ in range(calls)]
+        return latency.run_stats(Run("t", "r", KEY, steps))
+
+    sample = ([run("slow", 0.2, 3)] * 10          # 30 calls of 200 ms: charted
+              + [run("rare", 0.2, 1)] * 29        # 29 calls: too few to know its law
+              + [run("local", 0.002, 5)] * 20)    # 100 calls of 2 ms: the host's noise
+    assert latency.choose_kinds(sample) == ["tool:slow"]

@@ -13,8 +13,13 @@ from assaywatch.analyzers.detectors.bootstrap import (
     CalibrationSettings,
     calibrate,
 )
-from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
-from assaywatch.analyzers.detectors.toolcounts import swap_llr, swap_weights, tool_counts
+from assaywatch.analyzers.detectors.multichart import RUN_CLIP, MultichartCUSUM
+from assaywatch.analyzers.detectors.toolcounts import (
+    run_swap_llr,
+    swap_llr,
+    swap_weights,
+    tool_counts,
+)
 
 NAMES = ["steps", "duration", "tool:a", "tool:b", "tool:c"]
 P = np.array([0.6, 0.3, 0.1])
@@ -61,11 +66,15 @@ def test_counted_swaps_cover_rare_tools_and_detect_a_swap() -> None:
     assert th.tool_counts and th.fingerprint is not None
     det = MultichartCUSUM(mean, cov, h=th.fingerprint, feature_names=NAMES, tool_counts=True)
     # three tools: the three pairs, in order of call share, each a two-sided count chart
-    assert det.count_labels == ["swap:a>b", "swap:a>c", "swap:b>c"]
-    assert not any(lab.startswith("swap:") for lab in det.labels[:-3])
-    # one run alone never alarms: every count-chart threshold is at least the clip
-    j = len(det.labels) - 3
-    assert np.all(th.fingerprint[:, j:] >= det.count_clip)
+    # on a share of every run's calls, then on whole runs
+    assert det.count_labels == ["swap:a>b", "swap:a>c", "swap:b>c",
+                                "runswap:a>b", "runswap:a>c", "runswap:b>c"]
+    assert det.labels[-6:] == det.count_labels
+    assert not any("swap:" in lab for lab in det.labels[:-6])
+    # one run alone never alarms: every count-chart threshold is at least its clip
+    j = len(det.labels) - 6
+    assert np.all(th.fingerprint[:, j:j + 3] >= det.count_clip)
+    assert np.all(th.fingerprint[:, j + 3:] >= RUN_CLIP)
     # in control: 3,000 runs at a configured ARL0 of 500, i.e. at most a Poisson count of
     # mean 6; above its 0.995 quantile (13) the calibration is broken
     for x in _runs(3_000, rng):
@@ -81,7 +90,39 @@ def test_counted_swaps_cover_rare_tools_and_detect_a_swap() -> None:
         if det.drift_detected:
             break
     assert det.drift_detected and delay < 200, delay
-    assert "swap:a>c:up" in det.charts_alarmed
+    # the alarm names c as the tool gaining calls (from a, or in runs without b)
+    assert any(c.endswith(">c:up") for c in det.charts_alarmed), det.charts_alarmed
+    # a fifth of the runs stop calling b and call c instead (every call): the whole-run
+    # chart b>c alarms
+    det.reset()
+    swapped = _runs(400, rng)
+    pick = rng.random(400) < 0.2
+    swapped[pick, 4] += swapped[pick, 3]
+    swapped[pick, 3] = 0.0
+    delay = 0
+    for x in swapped:
+        det.update(x)
+        delay += 1
+        if det.drift_detected:
+            break
+    assert det.drift_detected and delay < 200, delay
+    assert "runswap:b>c:up" in det.charts_alarmed, det.charts_alarmed
+
+
+def test_llr_of_a_whole_run_swap_by_hand() -> None:
+    a, b = np.array([0]), np.array([1])
+    # p_a = 0.6, p_b = 0.3, s = 0.2; a run without a's calls and 2 of b's: 0.8 + 0.2 * 3^2
+    ll = run_swap_llr(np.array([0.0, 2.0, 1.0]), P, a, b, 0.2, 50.0)
+    assert ll[0, 0] == pytest.approx(math.log(0.8 + 0.2 * 3.0 ** 2))
+    # down (b to a) needs no b calls: this run has two, so it cannot be a swapped run
+    assert ll[1, 0] == pytest.approx(math.log(0.8))
+    # a run calling neither is as likely either way
+    assert run_swap_llr(np.array([0.0, 0.0, 4.0]), P, a, b, 0.2, 50.0)[:, 0] == (
+        pytest.approx([0.0, 0.0]))
+    # one run never carries more than the clip
+    assert run_swap_llr(np.array([0.0, 30.0, 0.0]), P, a, b, 0.2, 8.0)[0, 0] == 8.0
+    with pytest.raises(ValueError, match="swap_runs"):
+        run_swap_llr(np.array([0.0, 1.0, 0.0]), P, a, b, 1.0, 8.0)
 
 
 def test_without_counts_the_swaps_stay_gaussian_projections() -> None:
