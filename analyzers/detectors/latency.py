@@ -81,8 +81,8 @@ from numpy.typing import NDArray
 
 from assaywatch.analyzers.model import Action, Run
 
-__all__ = ["MAX_KINDS", "MIN_CALLS", "N_STATS", "choose_kinds", "fit", "llr", "run_stats",
-           "stats_vector"]
+__all__ = ["MAX_KINDS", "MIN_CALLS", "N_STATS", "choose_kinds", "fit", "llr", "moments",
+           "run_stats", "stats_vector"]
 
 F64 = NDArray[np.float64]
 #: numbers kept per kind and run: calls, sum x, sum x^2, sum t, sum t^2, sum x t
@@ -97,25 +97,30 @@ MIN_SIGMA = 0.05
 #: latency is mostly the host's scheduling, not the call's
 MIN_TYPICAL_S = 0.01
 _MIN_LATENCY_S = 1e-4
-_TIMED = {Action.LLM: "llm", Action.RETRIEVE: "retrieve"}
-
-
-def _kind(action: Action, tool: str | None) -> str | None:
-    if action == Action.TOOL:
-        return "tool:" + (tool or "")
-    return _TIMED.get(action)
+_ZERO = (0.0,) * 6
 
 
 def run_stats(run: Run) -> dict[str, list[float]]:
     """Per kind of the run's timed calls (llm, retrieve and tool steps), the six sums
     (module docstring). Steps without a positive latency are left out."""
     out: dict[str, list[float]] = {}
+    log, log1p = math.log, math.log1p
+    llm, tool, retrieve = Action.LLM, Action.TOOL, Action.RETRIEVE
     for s in run.steps:
-        k = _kind(s.action, s.tool)
-        if k is None or not s.latency_s > 0:
+        a = s.action
+        if a is tool:
+            k = "tool:" + (s.tool or "")
+        elif a is llm:
+            k = "llm"
+        elif a is retrieve:
+            k = "retrieve"
+        else:
             continue
-        x = math.log(max(s.latency_s, _MIN_LATENCY_S))
-        t = math.log1p(max(0, s.input_tokens))
+        lat = s.latency_s
+        if not lat > 0:
+            continue
+        x = log(lat if lat > _MIN_LATENCY_S else _MIN_LATENCY_S)
+        t = log1p(s.input_tokens) if s.input_tokens > 0 else 0.0
         v = out.get(k)
         if v is None:
             out[k] = [1.0, x, x * x, t, t * t, x * t]
@@ -131,11 +136,8 @@ def run_stats(run: Run) -> dict[str, list[float]]:
 
 def stats_vector(stats: Mapping[str, Sequence[float]], kinds: Sequence[str]) -> F64:
     """The sums of ``kinds`` in order, flattened (6 a kind; zeros for a kind not called)."""
-    out = np.zeros(len(kinds) * N_STATS)
-    for i, k in enumerate(kinds):
-        v = stats.get(k)
-        if v is not None:
-            out[i * N_STATS:(i + 1) * N_STATS] = v
+    zero = _ZERO
+    out: F64 = np.array([v for k in kinds for v in stats.get(k, zero)], dtype=np.float64)
     return out
 
 
@@ -173,13 +175,23 @@ def fit(vectors: F64, weights: F64 | None = None) -> F64:
     return out
 
 
-def llr(vectors: F64, params: F64, theta: float, bound: float = math.inf) -> F64:
-    r"""Per run, :math:`\ell_\theta` (module docstring), clipped to ``[-bound, bound]``:
+def moments(vectors: F64, params: F64) -> tuple[F64, F64]:
+    r"""Per run, :math:`A = \sum_k (\sum_{c \in k} x_c - n_k a_k - b_k \sum_{c \in k} t_c)
+    / \sigma_k^2` and :math:`B = \sum_k n_k / \sigma_k^2`, so that
+    :math:`\ell_\theta = \theta A - \theta^2 B / 2` for every :math:`\theta`:
     ``vectors`` (..., 6K), ``params`` (K, 3) or broadcasting with the runs' axes."""
     v = np.asarray(vectors, dtype=np.float64)
     s = v.reshape(*v.shape[:-1], -1, N_STATS)
     a, b, var = params[..., 0], params[..., 1], params[..., 2]
     resid = s[..., 1] - s[..., 0] * a - b * s[..., 3]
-    ll = (theta * resid - s[..., 0] * theta * theta / 2.0) / var
-    out: F64 = np.clip(ll.sum(axis=-1), -bound, bound)
+    big_a: F64 = (resid / var).sum(axis=-1)
+    big_b: F64 = (s[..., 0] / var).sum(axis=-1)
+    return big_a, big_b
+
+
+def llr(vectors: F64, params: F64, theta: float, bound: float = math.inf) -> F64:
+    r"""Per run, :math:`\ell_\theta` (module docstring), clipped to ``[-bound, bound]``:
+    ``vectors`` (..., 6K), ``params`` (K, 3) or broadcasting with the runs' axes."""
+    big_a, big_b = moments(vectors, params)
+    out: F64 = np.clip(theta * big_a - theta * theta * big_b / 2.0, -bound, bound)
     return out

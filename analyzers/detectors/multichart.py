@@ -131,12 +131,9 @@ from numpy.typing import ArrayLike, NDArray
 from assaywatch.analyzers.detectors.base import Detector, feature_labels, split_arl0
 from assaywatch.analyzers.detectors.calibration import gaussian_cusum_threshold
 from assaywatch.analyzers.detectors.latency import N_STATS
-from assaywatch.analyzers.detectors.latency import llr as latency_llr
+from assaywatch.analyzers.detectors.latency import moments as latency_moments
 from assaywatch.analyzers.detectors.toolcounts import (
     call_shares,
-    clip,
-    run_swap_llr,
-    swap_llr,
     swap_weights,
 )
 from assaywatch.analyzers.detectors.toolcounts import tool_counts as _counts
@@ -340,29 +337,65 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         size: int = self._mean.size + N_STATS * len(self.latency_kinds)
         return size
 
+    def _layout(self) -> tuple[int, F64, F64, F64, F64, F64]:
+        """What every run's increments need, built once (a chart restored from an older
+        checkpoint builds it on first use). The charts are in blocks: projections (the
+        features, and the Gaussian swaps without counts), then the swaps on the counts,
+        the whole-run swaps, the latency chart. Returns the number of projections, their
+        rows transposed, each chart's interval of one run's increment (the same for up
+        and down: a projection's ``[-clip - k, clip - k]``, y clipped to ``[-clip, clip]``
+        before the reference value; a count or latency chart's
+        ``[-count_clip, count_clip]``; a whole-run swap's ``[-RUN_CLIP, RUN_CLIP]``) as
+        lo and hi, and each pair's log(1 + p_a / p_b) and log(1 + p_b / p_a)."""
+        cached = getattr(self, "_layout_cache", None)
+        if cached is None:
+            m = len(self._labels)
+            n_proj = int(self._swap[0]) if self._swap.size else (
+                self._lat_chart if self.latency_kinds else m)
+            hi = np.full(m, self.count_clip)
+            hi[:n_proj] = self.clip - self.k
+            lo = -hi
+            lo[:n_proj] = -self.clip - self.k
+            runs = getattr(self, "_runswap", _NONE)
+            hi[runs], lo[runs] = RUN_CLIP, -RUN_CLIP
+            # a chart from before the whole-run swaps has no call shares kept: no pairs
+            p = getattr(self, "_p", None)
+            pa, pb = (p[self._pa], p[self._pb]) if p is not None else (_NONE, _NONE)
+            cached = (n_proj, np.ascontiguousarray(self._rows[:n_proj].T), lo, hi,
+                      np.log1p(pa / pb), np.log1p(pb / pa))
+            self._layout_cache = cached
+        return cached
+
     def _increments(self, x: F64) -> tuple[F64, F64]:
-        """Up and down increments of every chart for the inputs ``x`` (..., input_size)."""
+        """Up and down increments of every chart for the inputs ``x`` (..., input_size):
+        each block's per-run values (:meth:`_layout`), then one clip to each chart's
+        interval."""
         d = self._mean.size
         fp = x[..., :d]
-        y = clip((fp - self._mean) @ self._rows.T, -self.clip, self.clip)
-        up, down = y - self.k, -y - self.k
+        n_proj, rows_t, lo, hi, lr_up, lr_down = self._layout()
+        y = (fp - self._mean) @ rows_t
+        ups, downs = [y - self.k], [-y - self.k]
         if self._swap.size:
             counts = _counts(fp, self._steps_col, self._tool_cols)
-            ll = swap_llr(counts, self._w, self._pa, self._pb, self.count_clip)
-            up[..., self._swap] = ll[..., 0, :]
-            down[..., self._swap] = ll[..., 1, :]
+            na, nb = counts[..., self._pa], counts[..., self._pb]
+            w = self._w
+            ups.append(na * w[0, :, 0] + nb * w[0, :, 1])
+            downs.append(na * w[1, :, 0] + nb * w[1, :, 1])
             if getattr(self, "_runswap", _NONE).size:
-                rl = run_swap_llr(counts, self._p, self._pa, self._pb, self.swap_runs,
-                                  RUN_CLIP)
-                up[..., self._runswap] = rl[..., 0, :]
-                down[..., self._runswap] = rl[..., 1, :]
+                keep, log_s = math.log1p(-self.swap_runs), math.log(self.swap_runs)
+                ups.append(np.where(na == 0, np.logaddexp(keep, log_s + nb * lr_up), keep))
+                downs.append(np.where(nb == 0, np.logaddexp(keep, log_s + na * lr_down),
+                                      keep))
         if self.latency_kinds:
+            # l(theta) = theta A - theta^2 B / 2: both sides from one pass over the sums
             theta = math.log(self.latency_factor)
-            up[..., self._lat_chart] = latency_llr(x[..., d:], self._lat_params, theta,
-                                                   self.count_clip)
-            down[..., self._lat_chart] = latency_llr(x[..., d:], self._lat_params, -theta,
-                                                     self.count_clip)
-        return up, down
+            big_a, big_b = latency_moments(x[..., d:], self._lat_params)
+            half = theta * theta * big_b / 2.0
+            ups.append((theta * big_a - half)[..., None])
+            downs.append((-theta * big_a - half)[..., None])
+        up = np.concatenate(ups, axis=-1) if len(ups) > 1 else ups[0]
+        down = np.concatenate(downs, axis=-1) if len(downs) > 1 else downs[0]
+        return np.minimum(np.maximum(up, lo), hi), np.minimum(np.maximum(down, lo), hi)
 
     @property
     def count_labels(self) -> list[str]:
