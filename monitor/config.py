@@ -184,8 +184,10 @@ class DetectorConfig:
         "evaluation share without evaluators, no pass-rate share without outcomes).")
     calibration_runs: int = _opt(2_000, "Baseline runs kept (reservoir sample) while a "
                                  "baseline is learned, for the bootstrap calibration of the "
-                                 "thresholds; file baselines carry none and are calibrated on "
-                                 "Gaussian draws with their mean and covariance.")
+                                 "thresholds: each its fingerprint and its calls' latency "
+                                 "sums (about 0.6 KB a run with five tools); file baselines "
+                                 "carry none and are calibrated on Gaussian draws with their "
+                                 "mean and covariance (no latency chart).")
     bootstrap_reps: int = _opt(40, "Bootstrap baselines drawn per calibration (guaranteed "
                                "conditional performance at arl0_confidence).")
     hotelling_window: int = _opt(200, "Recent runs compared with the baseline by Hotelling "

@@ -37,7 +37,8 @@ Choices and why
 * Per-kind sums, not a feature of the fingerprint: the fingerprint is a documented
   contract, and what the LR needs (each call's latency against its kind's law) is not a
   function of it. The sums are all the chart reads, so the calibration's reservoir keeps
-  them beside each sampled fingerprint.
+  them beside each sampled fingerprint, as one array a run over the kinds in discovery
+  order (48 bytes a kind and run), the way it keeps the tool columns.
 * On the realistic world (tests/realworld) the mean per-run :math:`\ell` after a change
   x1.3 is 98-101% of the exact oracle's Kullback-Leibler divergence (0.47 vs 0.49, 0.76 vs
   0.75, 1.32 vs 1.33, 1.71 vs 1.73 nats for the four scenarios), against 62-96% for the
@@ -141,18 +142,17 @@ def stats_vector(stats: Mapping[str, Sequence[float]], kinds: Sequence[str]) -> 
     return out
 
 
-def choose_kinds(sample: Sequence[Mapping[str, Sequence[float]]]) -> list[str]:
-    """The kinds to chart for a baseline sample of :func:`run_stats` (module docstring)."""
-    calls: dict[str, float] = {}
-    logs: dict[str, float] = {}
-    for stats in sample:
-        for k, v in stats.items():
-            calls[k] = calls.get(k, 0.0) + float(v[0])
-            logs[k] = logs.get(k, 0.0) + float(v[1])
-    ok = [k for k, n in calls.items()
-          if n >= MIN_CALLS and logs[k] / n >= math.log(MIN_TYPICAL_S)]
+def choose_kinds(kinds: Sequence[str], sample: F64) -> list[str]:
+    """The kinds to chart for a baseline sample: rows of :func:`stats_vector` over
+    ``kinds`` (module docstring)."""
+    v = np.asarray(sample, dtype=np.float64).reshape(-1, len(kinds), N_STATS)
+    calls, logs = v[:, :, 0].sum(axis=0), v[:, :, 1].sum(axis=0)
+    floor = math.log(MIN_TYPICAL_S)
+    ok = [k for k, n, lx in zip(kinds, calls, logs, strict=True)
+          if n >= MIN_CALLS and lx / n >= floor]
     first = [k for k in ("llm", "retrieve") if k in ok]
-    tools = sorted((k for k in ok if k not in first), key=lambda k: (-calls[k], k))
+    total = dict(zip(kinds, calls, strict=True))
+    tools = sorted((k for k in ok if k not in first), key=lambda k: (-total[k], k))
     return (first + tools)[:MAX_KINDS]
 
 

@@ -443,7 +443,8 @@ class Engine:
         sample = self._learned_sample(st, base) if origin == "learned" else None
         lat = (self._latency_sample(st) if sample is not None
                and len(st.latency_sample) == sample.shape[0] else None)
-        st.sample, st.sample_tools, st.latency_sample = [], [], []
+        st.sample, st.sample_tools = [], []
+        st.latency_sample, st.latency_kinds = [], []
         job = self._calibration_job(base, sample, lat)
         th = self._thresholds.get(job.key)
         if th is not None:
@@ -471,7 +472,10 @@ class Engine:
             st.latency_sample = []
             lat = None
         else:
-            lat = latency.run_stats(run)
+            stats = latency.run_stats(run)
+            known_kinds = set(st.latency_kinds)
+            st.latency_kinds.extend(sorted(k for k in stats if k not in known_kinds))
+            lat = latency.stats_vector(stats, st.latency_kinds)
         if len(st.sample) < cap:
             st.sample.append(fingerprint(run, st.sample_tools))
             if lat is not None:
@@ -501,10 +505,16 @@ class Engine:
     @staticmethod
     def _latency_sample(st: StreamState) -> tuple[list[str], np.ndarray] | None:
         """The latency chart's kinds for the sample and each sampled run's sums."""
-        kinds = latency.choose_kinds(st.latency_sample)
+        known = st.latency_kinds
+        rows = np.zeros((len(st.latency_sample), latency.N_STATS * len(known)))
+        for i, v in enumerate(st.latency_sample):
+            rows[i, :v.size] = v  # kinds discovered later: no calls in earlier runs
+        kinds = latency.choose_kinds(known, rows)
         if not kinds:
             return None
-        return kinds, np.array([latency.stats_vector(s, kinds) for s in st.latency_sample])
+        cols = [known.index(k) * latency.N_STATS + j for k in kinds
+                for j in range(latency.N_STATS)]
+        return kinds, rows[:, cols]
 
     def _calibration_job(self, base: Baseline, sample: np.ndarray | None,
                          lat: tuple[list[str], np.ndarray] | None = None) -> CalibrationJob:

@@ -141,8 +141,10 @@ class StreamState:
     sample: list[np.ndarray] = field(default_factory=list)
     sample_tools: list[str] = field(default_factory=list)
     #: while learning: beside each sampled fingerprint, the run's per-kind latency sums
-    #: (``detectors/latency.run_stats``) for the latency chart
-    latency_sample: list[dict[str, list[float]]] = field(default_factory=list)
+    #: (``detectors/latency.stats_vector`` over ``latency_kinds`` in discovery order, 6
+    #: numbers a kind) for the latency chart
+    latency_sample: list[np.ndarray] = field(default_factory=list)
+    latency_kinds: list[str] = field(default_factory=list)
     #: True from the baseline's freeze until its thresholds arrive from the calibration
     #: worker: the detectors are not built yet and the runs wait in ``pending_runs``
     calibrating: bool = False

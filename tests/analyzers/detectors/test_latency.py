@@ -57,7 +57,9 @@ def test_run_stats_are_the_per_kind_sums() -> None:
 def test_fit_recovers_the_latency_law_and_the_token_slope() -> None:
     rng = np.random.default_rng(1)
     runs = [latency.run_stats(_run(rng)) for _ in range(3_000)]
-    kinds = latency.choose_kinds(runs)
+    known = ["tool:search", "llm"]
+    kinds = latency.choose_kinds(known, np.array([latency.stats_vector(s, known)
+                                                   for s in runs]))
     assert kinds == ["llm", "tool:search"]
     params = latency.fit(np.array([latency.stats_vector(s, kinds) for s in runs]))
     (a, b, var), (ta, tb, tvar) = params
@@ -90,7 +92,8 @@ def _calibrated(n: int = 1_000, seed: int = 3) -> tuple[MultichartCUSUM, float]:
     rng = np.random.default_rng(seed)
     runs = [_run(rng) for _ in range(n)]
     lat = [latency.run_stats(r) for r in runs]
-    kinds = latency.choose_kinds(lat)
+    kinds = latency.choose_kinds(["llm", "tool:search"], np.array(
+        [latency.stats_vector(s, ["llm", "tool:search"]) for s in lat]))
     x = rng.standard_normal((n, 2))  # a two-feature stand-in for the fingerprints
     data = BaselineData(x.mean(0), np.cov(x, rowvar=False), n, 0, 0, x,
                         latency_kinds=kinds,
@@ -154,4 +157,6 @@ def test_kinds_need_enough_calls_and_a_latency_above_the_hosts_scheduling() -> N
     sample = ([run("slow", 0.2, 3)] * 10          # 30 calls of 200 ms: charted
               + [run("rare", 0.2, 1)] * 29        # 29 calls: too few to know its law
               + [run("local", 0.002, 5)] * 20)    # 100 calls of 2 ms: the host's noise
-    assert latency.choose_kinds(sample) == ["tool:slow"]
+    known = ["tool:local", "tool:rare", "tool:slow"]
+    rows = np.array([latency.stats_vector(s, known) for s in sample])
+    assert latency.choose_kinds(known, rows) == ["tool:slow"]
