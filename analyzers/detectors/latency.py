@@ -145,6 +145,8 @@ def stats_vector(stats: Mapping[str, Sequence[float]], kinds: Sequence[str]) -> 
 def choose_kinds(kinds: Sequence[str], sample: F64) -> list[str]:
     """The kinds to chart for a baseline sample: rows of :func:`stats_vector` over
     ``kinds`` (module docstring)."""
+    if not len(kinds):  # runs without a timed call
+        return []
     v = np.asarray(sample, dtype=np.float64).reshape(-1, len(kinds), N_STATS)
     calls, logs = v[:, :, 0].sum(axis=0), v[:, :, 1].sum(axis=0)
     floor = math.log(MIN_TYPICAL_S)

@@ -160,3 +160,5 @@ def test_kinds_need_enough_calls_and_a_latency_above_the_hosts_scheduling() -> N
     known = ["tool:local", "tool:rare", "tool:slow"]
     rows = np.array([latency.stats_vector(s, known) for s in sample])
     assert latency.choose_kinds(known, rows) == ["tool:slow"]
+    # runs without any timed call (no llm, tool or retrieve step with a latency)
+    assert latency.choose_kinds([], np.zeros((5, 0))) == []
