@@ -344,9 +344,8 @@ def _latency_laws(det: MultichartCUSUM, lat: F64, weights: F64,
     ``h_min`` is the clip."""
     params = latency.fit(lat, weights)[:, None]  # (B, 1, K, 3)
     theta = math.log(det.latency_factor)
-    up = latency.llr(lat[None], params, theta, det.count_clip)  # (B, n)
-    down = latency.llr(lat[None], params, -theta, det.count_clip)
-    vals = np.stack([up, down], axis=1)  # (B, 2, n)
+    up, down = latency.sides(lat[None], params, theta)  # (B, n) each
+    vals = np.clip(np.stack([up, down], axis=1), -det.count_clip, det.count_clip)  # (B, 2, n)
     th, mu, sd = _adjustment(vals, np.full(vals.shape, 1.0 / lat.shape[0]))
     j = det._lat_chart
     cols = np.array([j, j + len(det.labels)])

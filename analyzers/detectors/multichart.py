@@ -131,9 +131,12 @@ from numpy.typing import ArrayLike, NDArray
 from assaywatch.analyzers.detectors.base import Detector, feature_labels, split_arl0
 from assaywatch.analyzers.detectors.calibration import gaussian_cusum_threshold
 from assaywatch.analyzers.detectors.latency import N_STATS
-from assaywatch.analyzers.detectors.latency import moments as latency_moments
+from assaywatch.analyzers.detectors.latency import sides as latency_sides
 from assaywatch.analyzers.detectors.toolcounts import (
     call_shares,
+    run_swap_logs,
+    run_swap_terms,
+    swap_terms,
     swap_weights,
 )
 from assaywatch.analyzers.detectors.toolcounts import tool_counts as _counts
@@ -360,9 +363,9 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
             hi[runs], lo[runs] = RUN_CLIP, -RUN_CLIP
             # a chart from before the whole-run swaps has no call shares kept: no pairs
             p = getattr(self, "_p", None)
-            pa, pb = (p[self._pa], p[self._pb]) if p is not None else (_NONE, _NONE)
-            cached = (n_proj, np.ascontiguousarray(self._rows[:n_proj].T), lo, hi,
-                      np.log1p(pa / pb), np.log1p(pb / pa))
+            logs = (run_swap_logs(p, self._pa, self._pb) if p is not None
+                    else (np.zeros(0), np.zeros(0)))
+            cached = (n_proj, np.ascontiguousarray(self._rows[:n_proj].T), lo, hi, *logs)
             self._layout_cache = cached
         return cached
 
@@ -378,21 +381,18 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         if self._swap.size:
             counts = _counts(fp, self._steps_col, self._tool_cols)
             na, nb = counts[..., self._pa], counts[..., self._pb]
-            w = self._w
-            ups.append(na * w[0, :, 0] + nb * w[0, :, 1])
-            downs.append(na * w[1, :, 0] + nb * w[1, :, 1])
+            up_s, down_s = swap_terms(na, nb, self._w)
+            ups.append(up_s)
+            downs.append(down_s)
             if getattr(self, "_runswap", _NONE).size:
-                keep, log_s = math.log1p(-self.swap_runs), math.log(self.swap_runs)
-                ups.append(np.where(na == 0, np.logaddexp(keep, log_s + nb * lr_up), keep))
-                downs.append(np.where(nb == 0, np.logaddexp(keep, log_s + na * lr_down),
-                                      keep))
+                up_r, down_r = run_swap_terms(na, nb, (lr_up, lr_down), self.swap_runs)
+                ups.append(up_r)
+                downs.append(down_r)
         if self.latency_kinds:
-            # l(theta) = theta A - theta^2 B / 2: both sides from one pass over the sums
-            theta = math.log(self.latency_factor)
-            big_a, big_b = latency_moments(x[..., d:], self._lat_params)
-            half = theta * theta * big_b / 2.0
-            ups.append((theta * big_a - half)[..., None])
-            downs.append((-theta * big_a - half)[..., None])
+            up_l, down_l = latency_sides(x[..., d:], self._lat_params,
+                                         math.log(self.latency_factor))
+            ups.append(up_l[..., None])
+            downs.append(down_l[..., None])
         up = np.concatenate(ups, axis=-1) if len(ups) > 1 else ups[0]
         down = np.concatenate(downs, axis=-1) if len(downs) > 1 else downs[0]
         return np.minimum(np.maximum(up, lo), hi), np.minimum(np.maximum(down, lo), hi)

@@ -57,7 +57,8 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["call_shares", "clip", "run_swap_llr", "swap_llr", "swap_weights", "tool_counts"]
+__all__ = ["call_shares", "clip", "run_swap_llr", "run_swap_logs", "run_swap_terms",
+           "swap_llr", "swap_terms", "swap_weights", "tool_counts"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -105,12 +106,38 @@ def swap_weights(p: F64, a: I64, b: I64, r: float) -> F64:
     return out
 
 
+def swap_terms(na: F64, nb: F64, weights: F64) -> tuple[F64, F64]:
+    """Unclipped per-run LLRs (up, down), each (..., pairs), of runs with ``na`` and ``nb``
+    calls of each pair's tools (..., pairs), under ``weights`` (..., 2, pairs, 2) from
+    :func:`swap_weights`."""
+    up: F64 = na * weights[..., 0, :, 0] + nb * weights[..., 0, :, 1]
+    down: F64 = na * weights[..., 1, :, 0] + nb * weights[..., 1, :, 1]
+    return up, down
+
+
 def swap_llr(counts: F64, weights: F64, a: I64, b: I64, bound: float) -> F64:
     """Clipped per-run LLRs, shape (..., 2, pairs), of runs with ``counts`` (..., tools)
     under ``weights`` (2, pairs, 2) from :func:`swap_weights`."""
-    na, nb = counts[..., a], counts[..., b]
-    ll = (na[..., None, :] * weights[..., 0] + nb[..., None, :] * weights[..., 1])
-    return clip(ll, -bound, bound)
+    up, down = swap_terms(counts[..., a], counts[..., b], weights)
+    return clip(np.stack([up, down], axis=-2), -bound, bound)
+
+
+def run_swap_logs(p: F64, a: I64, b: I64) -> tuple[F64, F64]:
+    """log(1 + p_a / p_b) and log(1 + p_b / p_a) of each pair (``p`` the call shares,
+    (..., tools)): what a swapped run's LR gains per call of the tool swapped to."""
+    pa, pb = p[..., a], p[..., b]
+    with np.errstate(over="ignore"):
+        return np.log1p(pa / pb), np.log1p(pb / pa)
+
+
+def run_swap_terms(na: F64, nb: F64, logs: tuple[F64, F64], share: float
+                   ) -> tuple[F64, F64]:
+    """Unclipped per-run LLRs (up, down), each (..., pairs), of a swap of whole runs
+    (:func:`run_swap_llr`), with ``logs`` from :func:`run_swap_logs`."""
+    keep, log_s = math.log1p(-share), math.log(share)
+    up: F64 = np.where(na == 0, np.logaddexp(keep, log_s + nb * logs[0]), keep)
+    down: F64 = np.where(nb == 0, np.logaddexp(keep, log_s + na * logs[1]), keep)
+    return up, down
 
 
 def run_swap_llr(counts: F64, p: F64, a: I64, b: I64, share: float, bound: float) -> F64:
@@ -127,12 +154,5 @@ def run_swap_llr(counts: F64, p: F64, a: I64, b: I64, share: float, bound: float
     ``p`` the call shares, (..., tools) broadcasting with ``counts`` (..., tools)."""
     if not 0.0 < share < 1.0:
         raise ValueError(f"swap_runs={share!r} must be a share of runs in (0, 1)")
-    na, nb = counts[..., a], counts[..., b]
-    pa, pb = p[..., a], p[..., b]
-    keep = math.log1p(-share)
-    with np.errstate(over="ignore"):
-        up = np.where(na == 0, np.logaddexp(keep, math.log(share) + nb * np.log1p(pa / pb)),
-                      keep)
-        down = np.where(nb == 0, np.logaddexp(keep, math.log(share) + na * np.log1p(pb / pa)),
-                        keep)
+    up, down = run_swap_terms(counts[..., a], counts[..., b], run_swap_logs(p, a, b), share)
     return clip(np.stack([up, down], axis=-2), -bound, bound)

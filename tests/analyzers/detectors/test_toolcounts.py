@@ -57,6 +57,17 @@ def test_bad_shift_is_refused() -> None:
         swap_weights(P, np.array([0]), np.array([1]), 1.0)
 
 
+def _first_alarm(det: MultichartCUSUM, rows: np.ndarray) -> int:
+    """Feed ``rows`` until the chart alarms; the number of runs fed."""
+    delay = 0
+    for x in rows:
+        det.update(x)
+        delay += 1
+        if det.drift_detected:
+            break
+    return delay
+
+
 def test_counted_swaps_cover_rare_tools_and_detect_a_swap() -> None:
     rng = np.random.default_rng(11)
     base = _runs(2_000, rng)
@@ -82,13 +93,7 @@ def test_counted_swaps_cover_rare_tools_and_detect_a_swap() -> None:
     assert det.n_alarms <= 13, det.n_alarms
     # half of a's calls go to c (c's share 0.1 -> 0.4): the a>c chart alarms
     det.reset()
-    shifted = _runs(400, rng, np.array([0.3, 0.3, 0.4]))
-    delay = 0
-    for x in shifted:
-        det.update(x)
-        delay += 1
-        if det.drift_detected:
-            break
+    delay = _first_alarm(det, _runs(400, rng, np.array([0.3, 0.3, 0.4])))
     assert det.drift_detected and delay < 200, delay
     # the alarm names c as the tool gaining calls (from a, or in runs without b)
     assert any(c.endswith(">c:up") for c in det.charts_alarmed), det.charts_alarmed
@@ -99,12 +104,7 @@ def test_counted_swaps_cover_rare_tools_and_detect_a_swap() -> None:
     pick = rng.random(400) < 0.2
     swapped[pick, 4] += swapped[pick, 3]
     swapped[pick, 3] = 0.0
-    delay = 0
-    for x in swapped:
-        det.update(x)
-        delay += 1
-        if det.drift_detected:
-            break
+    delay = _first_alarm(det, swapped)
     assert det.drift_detected and delay < 200, delay
     assert "runswap:b>c:up" in det.charts_alarmed, det.charts_alarmed
 
