@@ -114,6 +114,9 @@ __all__ = ["BaselineData", "CalibrationSettings", "Thresholds", "calibrate", "cu
 
 F64 = NDArray[np.float64]
 _MAX_H = 200.0
+#: the threshold of a chart switched off (:func:`_chart_levels`)
+_OFF_H = 1e9
+_LEVEL_SPAN = 30.0
 _BINS = 240
 #: fewest baseline runs the fingerprint chart is calibrated on (and twice the features)
 _MIN_RUNS = 30
@@ -272,52 +275,87 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     if det.latency_kinds:
         assert data.latency_sample is not None
         _latency_laws(det, data.latency_sample, np.array(weights_b), (theta, mu, sd), h_min)
-    # each kind of change (features, swaps, latency) gets an equal part of the budget.
-    # The latency chart's law is fitted on every call of the baseline, far better known
-    # than the others': it gets its own part of the confidence's complement (union
-    # bound; parts in proportion to the charts), so that the estimation noise of the
-    # features and swaps, whose joint quantile keeps the benefit of their noises
-    # averaging out, does not raise it.
+    # Each kind of change (features, swaps, latency) gets an equal part of the budget:
+    # chart j's part of its group's rate is w_j / 2m, w_j = 2m / (kinds x its kind's
+    # charts). The latency chart's law is fitted on every call of the baseline, far better
+    # known than the others': it gets its own part of the confidence's complement (union
+    # bound; parts in proportion to the charts).
     kinds = chart_kinds(det)
     n_kinds = len(np.unique(kinds))
     groups = [np.flatnonzero(kinds != LATENCY_KIND), np.flatnonzero(kinds == LATENCY_KIND)]
     groups = [g for g in groups if g.size]
     counts = np.bincount(kinds, minlength=LATENCY_KIND + 1)
-    # within a group, chart j runs at ARL e^(L - log w_j), w_j = 2m / (kinds x its kind's
-    # charts): each kind's plug-in rate is an equal part
-    shift = -np.log(kinds.size / (n_kinds * counts[kinds]))
+    weight = kinds.size / (n_kinds * counts[kinds])
+    # the plug-in level of each chart: ARL e^(start - log w_j) on P-hat; never below it
+    plug = math.log(s.arl0 / share) - np.log(weight)
     h = np.empty(2 * m)
-    levels = []
+    level = np.empty(2 * m)
     for cols in groups:
         part = len(np.unique(kinds[cols])) / n_kinds
         conf_g = 1.0 - (1.0 - conf) * cols.size / kinds.size
-        level = _group_level(theta[:, cols], mu[:, cols], sd[:, cols], h_min[cols],
-                             shift[cols], target_rate * part, conf_g,
-                             math.log(s.arl0 / share))
-        h[cols] = _chart_h(level + shift[cols], theta[0, cols], mu[0, cols], sd[0, cols],
-                           h_min[cols])
-        levels.append(level)
-    return h.reshape(2, m), max(levels), lat_model
+        law = theta[:, cols], mu[:, cols], sd[:, cols], h_min[cols]
+        own = _chart_levels(*law, plug[cols] + math.log(kinds.size), conf_g)
+        level[cols] = _group_levels(*law, own, plug[cols], target_rate * part, conf_g)
+        h[cols] = _thresholds(level[cols], theta[0, cols], mu[0, cols], sd[0, cols],
+                              h_min[cols])
+    on = np.isfinite(level)
+    return h.reshape(2, m), float(level[on].min()) if on.any() else math.inf, lat_model
 
 
-def _group_level(theta: F64, mu: F64, sd: F64, h_min: F64, shift: F64, target_rate: float,
-                 conf: float, start: float) -> float:
-    """The smallest level L at which the ``conf`` quantile over bootstrap baselines (rows
-    1:) of the charts' summed rate is at most ``target_rate``, chart j's threshold giving
-    ARL e^(L + shift_j) on the plug-in law (row 0); at least ``start``."""
+def _thresholds(level: F64, theta: F64, mu: F64, sd: F64, h_min: F64) -> F64:
+    """Per chart, the h with ARL e^level on its law (:func:`_chart_h`); :data:`_OFF_H` where
+    the level is infinite (a chart switched off)."""
+    off = np.isinf(level)
+    out: F64 = np.where(off, _OFF_H, _chart_h(np.where(off, 0.0, level), theta, mu, sd,
+                                               h_min))
+    return out
 
-    def rate(level: float) -> float:
-        h = _chart_h(level + shift, theta[0], mu[0], sd[0], h_min)
-        r = (1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:])).sum(axis=1)
-        return float(np.quantile(r, conf))
 
-    lo, hi = start, start + 30.0
+def _rate_quantile(theta: F64, mu: F64, sd: F64, h_min: F64, level: F64, conf: float,
+                   axis: int | None) -> F64:
+    """The ``conf`` quantile over bootstrap baselines (rows 1:) of the charts' rates at
+    thresholds giving ARL e^level on the plug-in law (row 0): per chart (``axis`` 0) or
+    of their sum (``axis`` None)."""
+    h = _thresholds(level, theta[0], mu[0], sd[0], h_min)
+    r = 1.0 / cusum_arl(h[None, :], theta[1:], mu[1:], sd[1:])
+    out: F64 = np.quantile(r if axis == 0 else r.sum(axis=1), conf, axis=0)
+    return out
+
+
+def _chart_levels(theta: F64, mu: F64, sd: F64, h_min: F64, target: F64, conf: float
+                  ) -> F64:
+    """Per chart j, the smallest level L_j >= target_j at which the ``conf`` quantile of its
+    own rate is at most e^-target_j; infinite (the chart off) when none below target_j + 30
+    is, i.e. the baseline cannot tell whether the chart drifts upwards in control."""
+    law = theta, mu, sd, h_min
+    lo, hi = target.copy(), target + _LEVEL_SPAN
+    limit = np.exp(-target)
+    for _ in range(24):
+        mid = (lo + hi) / 2.0
+        over = _rate_quantile(*law, mid, conf, 0) > limit
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+    out: F64 = np.where(_rate_quantile(*law, target, conf, 0) <= limit, target, hi)
+    out[_rate_quantile(*law, target + _LEVEL_SPAN, conf, 0) > limit] = np.inf
+    return out
+
+
+def _group_levels(theta: F64, mu: F64, sd: F64, h_min: F64, own: F64, floor: F64,
+                  target_rate: float, conf: float) -> F64:
+    """Levels max(own_j + D, floor_j) with the smallest offset D at which the ``conf``
+    quantile of the charts' summed rate is at most ``target_rate``."""
+
+    def rate(offset: float) -> float:
+        return float(_rate_quantile(theta, mu, sd, h_min, np.maximum(own + offset, floor),
+                                    conf, None))
+
+    lo, hi = -_LEVEL_SPAN, _LEVEL_SPAN
     if rate(lo) > target_rate:
-        for _ in range(24):
+        for _ in range(30):
             mid = (lo + hi) / 2.0
             lo, hi = (mid, hi) if rate(mid) > target_rate else (lo, mid)
         lo = hi
-    return lo
+    out: F64 = np.maximum(own + lo, floor)
+    return out
 
 
 LATENCY_KIND = 2
