@@ -163,7 +163,11 @@ def realistic_monitor_table() -> list[str]:
     )
     from assaywatch.analyzers.fingerprint import fingerprint_matrix
     from tests.realworld import monitor_measure as mm
-    from tests.realworld.measure import default_workers, oracle_delay
+    from tests.realworld.measure import (
+        default_workers,
+        oracle_delay,
+        pair_unknown_swap_oracle,
+    )
     from tests.realworld.world import realistic_world
 
     scale = float(os.environ.get("BENCH_REALISTIC_SCALE", "1"))
@@ -189,6 +193,12 @@ def realistic_monitor_table() -> list[str]:
                                reps=1_000)
             rows.append(f"{change:<12}{n_b:>9,}{measured[n_b]:>7.0f}{r.mean:>8.1f}"
                         f"{len(r.delays):>6}{orc.delay:>8.1f}{r.mean / orc.delay:>7.2f}")
+            if change == "tool_swap":
+                unk = pair_unknown_swap_oracle(world, measured[n_b], 200, pool=20_000,
+                                               seed=33, reps=1_000)
+                rows.append(f"{'  pair unknown':<28}{r.mean:>8.1f}{len(r.delays):>6}"
+                            f"{unk.delay:>8.1f}{r.mean / unk.delay:>7.2f}  (that oracle "
+                            f"{unk.delay / orc.delay:.2f}x the one knowing the pair)")
     rng = np.random.default_rng(34)
     times = []
     for i in range(4):
@@ -206,7 +216,9 @@ def realistic_monitor_table() -> list[str]:
              "(ARL0: runs per alarm onset over the horizon; ratio = ARL0 / arl0; top10%: "
              "share of onsets of the top decile of streams, 'if eq.' its value when every "
              "stream has the pooled rate; delays: steady state after 200 runs, oracle = LR "
-             "CUSUM on the exact per-run LLR at the measured ARL0)"]
+             "CUSUM on the exact per-run LLR at the measured ARL0; 'pair unknown': the "
+             "union of one such CUSUM per ordered pair of tools, which knows the swap's "
+             "shape but not which pair)"]
     return rows
 
 

@@ -42,7 +42,7 @@ from assaywatch.analyzers.fingerprint import fingerprint_matrix
 from assaywatch.analyzers.hotelling import hotelling_two_sample
 from assaywatch.analyzers.model import Run
 from tests.realworld._compat import DetectorConfig, FastEngine, GatePolicy, decide
-from tests.realworld.world import Change, World
+from tests.realworld.world import Batch, Change, World
 
 F64 = NDArray[np.float64]
 CHUNK = 250
@@ -318,18 +318,20 @@ def lr_cusum_arl(llr0: F64, hs: F64, rng: np.random.Generator, reps: int = 200,
                  steps: int = 20_000, chunk: int = 1_000) -> F64:
     """Renewal ARL of the CUSUM S = max(0, S + llr), alarm and restart at S >= h, for each
     threshold of ``hs`` at once (common random numbers), increments resampled from
-    ``llr0``."""
+    ``llr0``. With ``llr0`` of shape (n, K), K CUSUMs on the columns of the same runs,
+    alarming (and all restarting) when any reaches h."""
     hs = np.asarray(hs, dtype=float)
-    s = np.zeros((hs.size, reps))
+    pool = llr0.reshape(llr0.shape[0], -1)
+    s = np.zeros((hs.size, reps, pool.shape[1]))
     alarms = np.zeros(hs.size)
     done = 0
     while done < steps:
         size = min(chunk, steps - done)
-        xs = llr0[rng.integers(0, llr0.size, size=(size, reps))]
+        xs = pool[rng.integers(0, pool.shape[0], size=(size, reps))]
         for x in xs:
             s += x
             np.maximum(s, 0.0, out=s)
-            fired = s >= hs[:, None]
+            fired = (s >= hs[:, None, None]).any(axis=2)
             alarms += fired.sum(axis=1)
             s[fired] = 0.0
         done += size
@@ -361,22 +363,25 @@ def lr_cusum_threshold(llr0: F64, target: float, rng: np.random.Generator,
 def lr_cusum_delay(llr0: F64, llr1: F64, h: float, prefix: int, rng: np.random.Generator,
                    reps: int = 4_000, max_delay: int = 20_000) -> tuple[float, int]:
     """Steady-state delay (same definition as the engine's: ``prefix`` in-control
-    observations with no alarm, then changed ones); returns (mean delay, kept reps)."""
-    s = np.zeros(reps)
+    observations with no alarm, then changed ones); returns (mean delay, kept reps).
+    ``llr0`` / ``llr1`` of shape (n, K): K CUSUMs, the first to reach h alarms."""
+    pool0 = llr0.reshape(llr0.shape[0], -1)
+    pool1 = llr1.reshape(llr1.shape[0], -1)
+    s = np.zeros((reps, pool0.shape[1]))
     ok = np.ones(reps, dtype=bool)
-    for x in llr0[rng.integers(0, llr0.size, size=(prefix, reps))]:
+    for x in pool0[rng.integers(0, pool0.shape[0], size=(prefix, reps))]:
         s = np.maximum(0.0, s + x)
-        ok &= s < h
+        ok &= (s < h).all(axis=1)
     s, n = s[ok], int(ok.sum())
     delay = np.full(n, max_delay + 1)
     open_ = np.ones(n, dtype=bool)
     t = 0
     while t < max_delay and open_.any():
         size = min(1_000, max_delay - t)
-        for x in llr1[rng.integers(0, llr1.size, size=(size, n))]:
+        for x in pool1[rng.integers(0, pool1.shape[0], size=(size, n))]:
             t += 1
             s = np.maximum(0.0, s + x)
-            fired = open_ & (s >= h)
+            fired = open_ & (s >= h).any(axis=1)
             delay[fired] = t
             open_ &= ~fired
             if not open_.any():
@@ -416,6 +421,37 @@ def oracle_delay(world: World, change_name: str, target_arl0: float, prefix: int
         checks.append(check)
         delays.append(d)
     return OracleResult(change_name, target_arl0, hs, checks, delays)
+
+
+def _swap_llrs(batch: Batch, change: Change) -> F64:
+    """(n, K) exact per-run LLRs of ``change`` (a tool swap) moved to every ordered pair of
+    the scenario's tools (:meth:`Batch.llr` with the scenario's ``swap`` replaced)."""
+    sc = batch.scenario
+    pairs = [(a, b) for a in sc.tool_names for b in sc.tool_names if a != b]
+    return np.stack([dataclasses.replace(batch, scenario=dataclasses.replace(sc, swap=p))
+                     .llr(change) for p in pairs], axis=1)
+
+
+def pair_unknown_swap_oracle(world: World, target_arl0: float, prefix: int = 200,
+                             pool: int = 20_000, seed: int = 15, reps: int = 1_000
+                             ) -> OracleResult:
+    """The tool swap's oracle that does not know **which** pair swaps: per scenario, one LR
+    CUSUM per ordered pair of its tools on the exact LLR of that pair's whole-run swap at
+    the scenario's share, an alarm when any reaches a common h, calibrated by simulation
+    to ``target_arl0``. It knows the shape (whole runs, the share) and the call shares: the
+    price of not knowing the pair, and nothing else, over :func:`oracle_delay`."""
+    change = _change("tool_swap")
+    rng = np.random.default_rng([seed, 1])
+    hs, delays = [], []
+    for i in range(len(world.scenarios)):
+        l0 = _swap_llrs(world.sample(pool, rng, None, scenario=i), change)
+        l1 = _swap_llrs(world.sample(pool, rng, change, scenario=i), change)
+        h = lr_cusum_threshold(l0, target_arl0, rng)
+        d, _ = lr_cusum_delay(l0, l1, h, prefix, rng, reps)
+        hs.append(h)
+        delays.append(d)
+    return OracleResult("tool_swap (pair unknown)", target_arl0, hs,
+                        [math.nan] * len(hs), delays)
 
 
 # -- (d): gate figures ---------------------------------------------------------------------

@@ -88,9 +88,9 @@ def test_streams_false_alarm_rates_are_homogeneous(
 
 
 @pytest.mark.xfail(reason="at this size (24 streams, ~1 onset each) even equal rates give a "
-                   "top-decile share near 0.3 (Poisson reference); measured 0.33 against a "
-                   "reference of 0.29 here, 0.28 against 0.26 in the benchmark (README)",
-                   strict=False)
+                   "top-decile share near 0.3 (Poisson reference); measured 0.29 here, 0.26 "
+                   "against 0.27 in the benchmark; with 3-6 onsets a stream 0.23-0.32 "
+                   "against 0.17-0.21 (README)", strict=False)
 def test_no_decile_of_streams_carries_more_than_a_quarter_of_false_alarms(
         incontrol: dict[int, InControlResult]) -> None:
     res = incontrol[200]
@@ -112,22 +112,23 @@ def delay_ratios(incontrol: dict[int, InControlResult]) -> dict[tuple[int, str],
 
 
 # Measured (analyzers/README.md): the pass-rate CUSUM is within 1.3x of the oracle, the
-# latency chart on every call's latency 1.2-1.4x at 2,000 runs and 1.5-1.8x at 200; the
-# tool swap 2.3-3.0x and 6-7x: the oracle knows which pair of tools swapped and how, the
-# monitor watches ~50 charts for changes it cannot name in advance.
+# latency chart on every call's latency 1.2-1.4x at 2,000 runs and 1.3-1.8x at 200; the
+# tool swap 1.6-2.3x and 3.0-3.3x: the oracle knows which pair of tools swapped and how
+# (one that does not know the pair is 1.2x as slow), the monitor watches every pair and
+# every other change at once.
 @pytest.mark.parametrize("n_b, change, bound", [
     pytest.param(2_000, "pass_rate", 1.25, marks=pytest.mark.xfail(
         reason="measured 1.14-1.30x in the benchmark and 1.03x with this test's 8 "
         "repetitions (README): at the bound within Monte Carlo error", strict=False)),
     pytest.param(2_000, "tool_swap", 1.5, marks=pytest.mark.xfail(
-        reason="measured 2.3x (benchmark, 12 repetitions) to 3.0x (20), 2.5x with this "
-        "test's 8 (4.8x before the whole-run swap charts, 10.0x before the charts on call "
-        "counts); README", strict=False)),
+        reason="measured 1.6x (benchmark, 11 repetitions kept) to 2.3x (harness, 17), "
+        "1.57x with this test's 8 (6 kept): at or above the bound (3.0x before the "
+        "per-chart levels, 4.8x before the whole-run swap charts); README", strict=False)),
     (2_000, "latency", 1.5),
     (200, "pass_rate", 2.0),
     pytest.param(200, "tool_swap", 2.0, marks=pytest.mark.xfail(
-        reason="measured 6.1-6.6x (16x before the whole-run swap charts): 200-run "
-        "thresholds are conservative (README)", strict=False)),
+        reason="measured 3.0-3.3x (6.1-6.6x before the per-chart levels, 16x before the "
+        "whole-run swap charts); README", strict=False)),
     (200, "latency", 2.0),
 ])
 def test_steady_state_delay_against_the_oracle(delay_ratios: dict[tuple[int, str], float],
