@@ -24,7 +24,7 @@ from tests.e2e.otel_agent import AgentBehaviour, MonitorProcess, emit_run, make_
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-LEARN = 100
+LEARN = 200
 CONFIG = f"""
 assembler:
   grace_seconds: 0.5
