@@ -369,14 +369,15 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
             self._layout_cache = cached
         return cached
 
-    def _increments(self, x: F64) -> tuple[F64, F64]:
+    def _increments(self, x: F64, y: F64 | None = None) -> tuple[F64, F64]:
         """Up and down increments of every chart for the inputs ``x`` (..., input_size):
         each block's per-run values (:meth:`_layout`), then one clip to each chart's
-        interval."""
+        interval. ``y``: the projections (..., n_proj), when already computed."""
         d = self._mean.size
         fp = x[..., :d]
         n_proj, rows_t, lo, hi, lr_up, lr_down = self._layout()
-        y = (fp - self._mean) @ rows_t
+        if y is None:
+            y = (fp - self._mean) @ rows_t
         ups, downs = [y - self.k], [-y - self.k]
         if self._swap.size:
             counts = _counts(fp, self._steps_col, self._tool_cols)
@@ -434,15 +435,47 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         self._up[:] = 0.0
         self._down[:] = 0.0
 
+    def prime(self, xs: Sequence[F64]) -> None:
+        """Compute the increments of the coming inputs ``xs`` (arrays, each as
+        :meth:`update` takes it) in one vectorised pass; :meth:`update` called with one
+        of these very arrays uses them. Inputs that are not all valid are left to
+        :meth:`update`. What is primed is never checkpointed; :meth:`unprime` drops it."""
+        if not xs:
+            return
+        mat = np.stack(xs)
+        if mat.dtype != np.float64 or mat.shape[1:] != (self.input_size,) or not np.all(
+                np.isfinite(mat)):
+            return
+        # the projections run by run, as update() computes them: a matrix product over
+        # the batch may round differently in the last bit, and the charts must not
+        # depend on how the runs were batched; the rest is elementwise
+        d = self._mean.size
+        rows_t = self._layout()[1]
+        y = np.stack([(x[:d] - self._mean) @ rows_t for x in xs])
+        up, down = self._increments(mat, y)
+        primed = self.__dict__.setdefault("_primed", {})
+        for x, u, d in zip(xs, up, down, strict=True):
+            primed[id(x)] = (x, u, d)
+
+    def unprime(self) -> None:
+        """Forget the increments :meth:`prime` computed and :meth:`update` did not use."""
+        self.__dict__.pop("_primed", None)
+
     def update(self, x: ArrayLike) -> None:
         """Add one run's fingerprint (length d, finite), followed by its per-kind latency
         sums when the chart has a latency chart (:attr:`input_size`)."""
-        arr = np.asarray(x, dtype=np.float64)
-        if arr.shape != (self.input_size,) or not np.all(np.isfinite(arr)):
-            raise ValueError(f"fingerprint must be {self.input_size} finite numbers, "
-                             f"got shape {arr.shape}")
-        self._begin_update()
-        inc_up, inc_down = self._increments(arr)
+        primed = self.__dict__.get("_primed")
+        hit = primed.pop(id(x), None) if primed else None
+        if hit is not None and hit[0] is x:
+            self._begin_update()
+            inc_up, inc_down = hit[1], hit[2]
+        else:
+            arr = np.asarray(x, dtype=np.float64)
+            if arr.shape != (self.input_size,) or not np.all(np.isfinite(arr)):
+                raise ValueError(f"fingerprint must be {self.input_size} finite numbers, "
+                                 f"got shape {arr.shape}")
+            self._begin_update()
+            inc_up, inc_down = self._increments(arr)
         self._up = np.maximum(0.0, self._up + inc_up)
         self._down = np.maximum(0.0, self._down + inc_down)
         self._alarm(bool(self.statistic >= 1.0))

@@ -252,6 +252,43 @@ class Engine:
         return sum(len(w) for w in self._waiting.values()) + len(self._arrived)
 
     # -- feeding ---------------------------------------------------------------------
+    def prepare(self, runs: Iterable[Run]) -> None:
+        """Before :meth:`process` is called on ``runs``, in their order: compute, for each
+        stream already monitored, its runs' fingerprints and the fingerprint chart's
+        increments in one vectorised pass per stream (``MultichartCUSUM.prime``). Only
+        work moves: :meth:`process` takes what was prepared for the very run object it
+        is given, while the stream's detector is the one prepared for, and computes
+        anything else as before. :meth:`unprepare` drops what was not used."""
+        prepared = self.__dict__.setdefault("_prepared", {})
+        primed = self.__dict__.setdefault("_primed", [])
+        by_stream: dict[StreamKey, list[Run]] = {}
+        for run in runs:
+            by_stream.setdefault(run.key, []).append(run)
+        for key, group in by_stream.items():
+            st = self._streams.get(key)
+            if st is None or st.baseline is None or st.calibrating:
+                continue
+            watch = st.watches.get("cusum_fingerprint")
+            det = watch.detector if watch is not None else None
+            if det is None or not hasattr(det, "prime") or len(group) < 2:
+                continue
+            tools = st.baseline.tools
+            inputs = []
+            for run in group:
+                fp = fingerprint(run, tools)
+                x = self._fingerprint_input(st, run, fp)
+                prepared[id(run)] = (run, det, fp, x)
+                inputs.append(x)
+            det.prime(inputs)
+            primed.append(det)
+
+    def unprepare(self) -> None:
+        """Drop what :meth:`prepare` computed and :meth:`process` did not use."""
+        for det in self.__dict__.get("_primed", ()):
+            det.unprime()
+        self.__dict__.pop("_primed", None)
+        self.__dict__.pop("_prepared", None)
+
     def process(self, run: Run) -> list[AlarmEvent]:
         """Account one closed run; return the alarms it raised."""
         now = run.end_ns if self.idle_clock is None else self.idle_clock()
@@ -870,7 +907,14 @@ class Engine:
         cfg = self.config
         st.monitored_runs += 1
         fired: list[tuple[str, dict[str, Any]]] = []
-        fp = fingerprint(run, base.tools)
+        pre = self.__dict__.get("_prepared", {}).pop(id(run), None)
+        watch = st.watches.get("cusum_fingerprint")
+        if pre is not None and pre[0] is run and watch is not None and watch.detector is pre[1]:
+            fp, x = pre[2], pre[3]
+        else:
+            fp = x = None
+        if fp is None:
+            fp = fingerprint(run, base.tools)
         if st.coverage is not None:
             st.coverage.add(run)
         judged = str(run.attributes.get(REASON_KEY, "")).startswith("evaluation")
@@ -881,7 +925,8 @@ class Engine:
             fired.extend(self._outcome(st, run.outcome))
         fired.extend(self._release_held(st, run.end_ns))
         st.recent_fps.append(fp)
-        fired.extend(self._feed(st, FINGERPRINT, self._fingerprint_input(st, run, fp)))
+        fired.extend(self._feed(st, FINGERPRINT,
+                                self._fingerprint_input(st, run, fp) if x is None else x))
         due = st.monitored_runs % cfg.hotelling_every == 0
         # The window as a matrix, built once for the Hotelling test and the budget (both
         # run at the Hotelling cadence only).

@@ -179,3 +179,33 @@ def test_feature_evidence_names_the_moved_feature() -> None:
             break
     assert det.drift_detected
     assert det.evidence()["top_features"].split(",")[0] == "g3:up"
+
+
+def test_multichart_primed_increments_equal_one_at_a_time() -> None:
+    """``MultichartCUSUM.prime``: the increments of many inputs computed in one pass are
+    bit for bit those of one input at a time, through alarms and restarts; an input that
+    was not primed (an equal copy is another object) is computed as before."""
+    from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
+
+    rng = np.random.default_rng(11)
+    d = 6
+    a = rng.standard_normal((d, d))
+    cov = a @ a.T / d + np.eye(d)
+    one = MultichartCUSUM(np.zeros(d), cov, h=4.0)
+    batched = MultichartCUSUM(np.zeros(d), cov, h=4.0)
+    xs = [rng.multivariate_normal(np.full(d, 0.8 if t >= 60 else 0.0), cov)
+          for t in range(200)]
+    alarms_one, alarms_batched = [], []
+    for start in range(0, 200, 25):
+        chunk = xs[start:start + 25]
+        batched.prime(chunk)
+        for t, x in enumerate(chunk, start=start):
+            one.update(x)
+            # every 5th input is an equal copy: not primed, computed alone
+            batched.update(x.copy() if t % 5 == 0 else x)
+            alarms_one.append(one.drift_detected)
+            alarms_batched.append(batched.drift_detected)
+            assert one._up.tobytes() == batched._up.tobytes()
+            assert one._down.tobytes() == batched._down.tobytes()
+        batched.unprime()
+    assert sum(alarms_one) >= 3 and alarms_batched == alarms_one
