@@ -186,8 +186,9 @@ class CalibrationSettings:
 @dataclass(frozen=True)
 class Thresholds:
     """Calibrated thresholds: ``pass_rate`` (nats, None without decided outcomes or share)
-    and ``fingerprint`` (2, m) (None without share or directions); ``level`` is the log
-    ARL per fingerprint chart under the plug-in law, ``confidence`` the per-detector one."""
+    and ``fingerprint`` (2, m) (None without share or directions; a chart switched off has
+    ``_OFF_H``); ``level`` is the least log ARL of a fingerprint chart under the plug-in
+    law (infinite when every chart is off), ``confidence`` the per-detector one."""
 
     pass_rate: float | None
     fingerprint: F64 | None
@@ -309,6 +310,7 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         part = len(np.unique(kinds[cols])) / n_kinds
         conf_g = 1.0 - (1.0 - conf) * cols.size / kinds.size
         law = theta[:, cols], mu[:, cols], sd[:, cols], h_min[cols]
+        # chart j's own part of the rate: e^-(plug_j + log 2m) = w_j / 2m x s / arl0
         own = _chart_levels(*law, plug[cols] + math.log(kinds.size), conf_g)
         level[cols] = _group_levels(*law, own, plug[cols], target_rate * part, conf_g)
         h[cols] = _thresholds(level[cols], theta[0, cols], mu[0, cols], sd[0, cols],

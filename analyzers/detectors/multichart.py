@@ -454,8 +454,8 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         y = np.stack([(x[:d] - self._mean) @ rows_t for x in xs])
         up, down = self._increments(mat, y)
         primed = self.__dict__.setdefault("_primed", {})
-        for x, u, d in zip(xs, up, down, strict=True):
-            primed[id(x)] = (x, u, d)
+        for x, u, v in zip(xs, up, down, strict=True):
+            primed[id(x)] = (x, u, v)
 
     def unprime(self) -> None:
         """Forget the increments :meth:`prime` computed and :meth:`update` did not use."""
