@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -11,6 +12,9 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent, StreamState
 from assaywatch.monitor.offline.load import LoadStats, iter_runs
 from assaywatch.monitor.pipeline.outcome import ContractRules
+
+#: runs read ahead and prepared together (``Engine.prepare``)
+REPLAY_CHUNK = 256
 
 
 @dataclass
@@ -32,9 +36,17 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
                     score_threshold=cfg.evaluation_threshold,
                     verdict_window_s=cfg.evaluations.join_window_seconds)
     rules = ContractRules.from_dict(cfg.contracts) if cfg.contracts else None
-    for run in iter_runs(paths, strict=strict, rules=rules,
-                         score_threshold=cfg.evaluation_threshold, stats=result.stats,
-                         key_attributes=cfg.streams.key_attributes):
-        engine.process(run)
+    runs = iter_runs(paths, strict=strict, rules=rules,
+                     score_threshold=cfg.evaluation_threshold, stats=result.stats,
+                     key_attributes=cfg.streams.key_attributes)
+    # in chunks, each prepared in one pass per stream (Engine.prepare: the same values as
+    # one run at a time, in the same order), so memory stays flat in the input's size
+    while chunk := list(itertools.islice(runs, REPLAY_CHUNK)):
+        engine.prepare(chunk)
+        try:
+            for run in chunk:
+                engine.process(run)
+        finally:
+            engine.unprepare()
     result.streams = engine.streams()
     return result
