@@ -369,15 +369,20 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
             self._layout_cache = cached
         return cached
 
+    def _project(self, fp: F64) -> F64:
+        """The projections y of fingerprints ``fp`` (..., d), unclipped."""
+        y: F64 = (fp - self._mean) @ self._layout()[1]
+        return y
+
     def _increments(self, x: F64, y: F64 | None = None) -> tuple[F64, F64]:
         """Up and down increments of every chart for the inputs ``x`` (..., input_size):
         each block's per-run values (:meth:`_layout`), then one clip to each chart's
         interval. ``y``: the projections (..., n_proj), when already computed."""
         d = self._mean.size
         fp = x[..., :d]
-        n_proj, rows_t, lo, hi, lr_up, lr_down = self._layout()
+        _, _, lo, hi, lr_up, lr_down = self._layout()
         if y is None:
-            y = (fp - self._mean) @ rows_t
+            y = self._project(fp)
         ups, downs = [y - self.k], [-y - self.k]
         if self._swap.size:
             counts = _counts(fp, self._steps_col, self._tool_cols)
@@ -450,8 +455,7 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         # the batch may round differently in the last bit, and the charts must not
         # depend on how the runs were batched; the rest is elementwise
         d = self._mean.size
-        rows_t = self._layout()[1]
-        y = np.stack([(x[:d] - self._mean) @ rows_t for x in xs])
+        y = np.stack([self._project(x[:d]) for x in xs])
         up, down = self._increments(mat, y)
         primed = self.__dict__.setdefault("_primed", {})
         for x, u, v in zip(xs, up, down, strict=True):

@@ -54,6 +54,7 @@ kept in the checkpoint (:meth:`Engine.checkpoint_state`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -61,7 +62,7 @@ import threading
 import time
 import zlib
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -288,6 +289,20 @@ class Engine:
             det.unprime()
         self.__dict__.pop("_primed", None)
         self.__dict__.pop("_prepared", None)
+
+    @contextlib.contextmanager
+    def prepared(self, runs: Sequence[Run]) -> Iterator[None]:
+        """:meth:`prepare` ``runs`` for the block that processes them, :meth:`unprepare`
+        after it; if preparing fails, each run is computed alone."""
+        try:
+            self.prepare(runs)
+        except Exception:
+            logger.exception("preparing %d runs failed; each is processed alone", len(runs))
+            self.unprepare()
+        try:
+            yield
+        finally:
+            self.unprepare()
 
     def process(self, run: Run) -> list[AlarmEvent]:
         """Account one closed run; return the alarms it raised."""
@@ -912,9 +927,7 @@ class Engine:
         if pre is not None and pre[0] is run and watch is not None and watch.detector is pre[1]:
             fp, x = pre[2], pre[3]
         else:
-            fp = x = None
-        if fp is None:
-            fp = fingerprint(run, base.tools)
+            fp, x = fingerprint(run, base.tools), None
         if st.coverage is not None:
             st.coverage.add(run)
         judged = str(run.attributes.get(REASON_KEY, "")).startswith("evaluation")

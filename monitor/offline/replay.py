@@ -40,13 +40,10 @@ def replay(paths: Sequence[str], config: MonitorConfig | None = None,
                      score_threshold=cfg.evaluation_threshold, stats=result.stats,
                      key_attributes=cfg.streams.key_attributes)
     # in chunks, each prepared in one pass per stream (Engine.prepare: the same values as
-    # one run at a time, in the same order), so memory stays flat in the input's size
+    # one run at a time, in the same order)
     while chunk := list(itertools.islice(runs, REPLAY_CHUNK)):
-        engine.prepare(chunk)
-        try:
+        with engine.prepared(chunk):
             for run in chunk:
                 engine.process(run)
-        finally:
-            engine.unprepare()
     result.streams = engine.streams()
     return result

@@ -487,13 +487,8 @@ class Pipeline:
         """The runs a poll closed, in close order, then the evaluations that joined runs
         closed earlier (``pipeline/join.py``)."""
         ordered = sorted(runs, key=close_order)
-        try:
-            # the fingerprint charts' increments of each stream's runs in one pass
-            self.engine.prepare(ordered)
-        except Exception:
-            logger.exception("preparing %d runs failed; each is processed alone", len(runs))
-            self.engine.unprepare()
-        try:
+        # the fingerprint charts' increments of each stream's runs in one pass
+        with self.engine.prepared(ordered):
             for run in ordered:
                 try:
                     self.engine.process(run)
@@ -501,8 +496,6 @@ class Pipeline:
                 except Exception:
                     logger.exception("run %s could not be processed", run.run_id)
                     self.counters.add_dropped("run_error")
-        finally:
-            self.engine.unprepare()
         for late in self.assembler.take_evaluations():
             try:
                 self.engine.process_evaluation(late)
