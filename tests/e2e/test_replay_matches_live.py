@@ -68,7 +68,10 @@ def test_replay_reproduces_the_live_alarms(tmp_path: Path) -> None:
                 "lookup_order": 0.05, "search_kb": 0.75, "refund": 0.2}),
             "steady-agent": good,
         }
-        n = LEARN + 150
+        # the mix change alarms 41-134 runs after the switch over 16 bootstrap seeds (the
+        # baseline id, hence the seed, holds the runs' wall-clock start times): 370 runs
+        # after it leave room (120 missed once in CI)
+        n = LEARN + 400
         for i in range(n):  # interleave the streams, one run of each per round
             for agent, after in streams.items():
                 b = after if i >= LEARN + 30 else good

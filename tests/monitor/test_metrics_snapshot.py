@@ -190,9 +190,9 @@ def test_snapshots_are_taken_ahead_of_regular_scrapes() -> None:
 
 
 def test_no_snapshots_are_planned_once_the_scrapes_stop() -> None:
-    """Scrapes every 0.5 s, then none: the collector takes at most the two snapshots it
-    planned for the scrapes that did not come, then waits to be asked (it used to take
-    one after another, holding the pipeline lock, until the next scrape)."""
+    """Scrapes every 0.5 s, then none: the collector takes the few snapshots it planned
+    (or was asked for) for the scrapes that did not come, then waits to be asked (it used
+    to take one after another, holding the pipeline lock, until the next scrape)."""
     engine = _engine([StreamKey("a", "1", "s")])
     col = MonitorCollector(engine, IngestCounters(), scrape_wait_s=0.2, max_age_s=0.4)
     col.start()
@@ -201,8 +201,13 @@ def test_no_snapshots_are_planned_once_the_scrapes_stop() -> None:
             col.stream_exposition()
             time.sleep(0.5)
         before = col._seq
-        time.sleep(3.0)  # six scrape intervals without a scrape
-        assert col._seq - before <= 2, (before, col._seq)
+        # the two planned, and one a late scrape asked for on a loaded machine (CI once
+        # took it after `before` was read)
+        time.sleep(2.0)
+        settled = col._seq
+        assert settled - before <= 3, (before, settled)
+        time.sleep(3.0)  # six more scrape intervals without a scrape: nothing taken
+        assert col._seq == settled, (settled, col._seq)
         t0 = time.monotonic()
         _, age = col.stream_exposition_aged()  # asked for: served within scrape_wait_s
         assert age is not None and age <= 0.4 + 0.2 and time.monotonic() - t0 < 0.5
