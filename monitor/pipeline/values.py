@@ -8,6 +8,7 @@ function is a bounded number of dict look-ups; text is measured, never stored.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 from assaywatch.monitor.pipeline.dialects import (
@@ -51,7 +52,9 @@ def as_float(v: object) -> float | None:
         f = float(v)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return f if f == f else None  # NaN is no value
+    # NaN and the infinities are no value: a cost of inf would make the stream's mean
+    # infinite, and JSON (run records, checkpoints) has no spelling for it
+    return f if math.isfinite(f) else None
 
 
 def first_value(attrs: Mapping[str, AttrValue], keys: tuple[str, ...]) -> AttrValue:
@@ -181,7 +184,8 @@ def cost_of(attrs: Mapping[str, AttrValue]) -> float | None:
         if "total" in raw:
             return as_float(raw["total"])
         vals = [f for f in (as_float(x) for x in raw.values()) if f is not None]
-        return sum(vals) if vals else None
+        total = sum(vals)
+        return total if vals and math.isfinite(total) else None
     return None
 
 

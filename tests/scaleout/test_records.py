@@ -218,3 +218,26 @@ def test_command_records_round_trip() -> None:
                  "id": "x"}):
         with pytest.raises(RecordError):
             decode_record(json.dumps(bad).encode())
+
+
+def test_a_run_with_an_infinite_cost_still_makes_a_record() -> None:
+    """A cost of "Infinity" (string or double) or one that sums past the largest float is
+    no cost: the run has none, and its record encodes (JSON has no inf; the assembler
+    publishing it used to raise on every try)."""
+    from assaywatch.monitor.pipeline.assemble import assemble_all
+    from assaywatch.monitor.receivers.spans import SpanRecord
+
+    tid = "ab" * 16
+    root = SpanRecord(tid, "01" * 8, "", "invoke_agent a", 1_000, 9_000, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"})
+    costs: list[dict[str, object]] = [
+        {"gen_ai.usage.cost": "Infinity"}, {"llm.cost.total": float("inf")},
+        {"llm.cost.total": float("-inf")},
+        {"langfuse.observation.cost_details": '{"input": 1e308, "output": 1e308}'}]
+    chats = [SpanRecord(tid, f"{i + 2:016x}", "01" * 8, "chat m", 2_000 + i, 3_000 + i,
+                        attributes={"gen_ai.operation.name": "chat",
+                                    "gen_ai.request.model": "m", **extra})
+             for i, extra in enumerate(costs)]
+    (run,) = assemble_all([root, *chats])
+    assert len(run.steps) == 4 and [s.cost_usd for s in run.steps] == [None] * 4
+    assert decode_run(encode_run(run)) == run
