@@ -56,6 +56,7 @@ series leave this worker and appear at its new owner; dashboards sum over instan
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import threading
 import time
@@ -98,6 +99,10 @@ from assaywatch.monitor.scaleout.records import (
 from assaywatch.monitor.scaleout.settings import KafkaSettings
 
 logger = logging.getLogger(__name__)
+
+
+#: A record due to be handled: its partition's state and engine, and the record.
+_Due = tuple[PartitionState, Engine, "Run | LateEvaluation | StreamCommand"]
 
 
 class FatalWorkerError(RuntimeError):
@@ -399,7 +404,33 @@ class DetectorWorker:
         if len(state.recent_evaluations) > self.settings.dedup_runs:
             state.recent_evaluations.popitem(last=False)
 
-    def _process(self, m: Any) -> None:
+    def _process_batch(self, msgs: list[Any]) -> None:
+        """Admit a consumed batch's records in offset order, then handle the ones due
+        (all of them without a reorder window) with each partition's runs prepared
+        together (:meth:`Engine.prepared`: the same values as one at a time)."""
+        due: list[_Due] = []
+        for m in msgs:
+            self._process(m, due)
+        self._flush_idle(due)
+        self._handle_all(due)
+
+    def _handle_all(self, due: list[_Due]) -> None:
+        if not due:
+            return
+        runs: dict[int, tuple[Engine, list[Run]]] = {}
+        for _, eng, rec in due:
+            if isinstance(rec, Run):
+                runs.setdefault(id(eng), (eng, []))[1].append(rec)
+        with contextlib.ExitStack() as stack:
+            for eng, group in runs.values():
+                stack.enter_context(eng.prepared(group))
+            for state, eng, rec in due:
+                self._handle(state, eng, rec)
+
+    def _process(self, m: Any, due: list[_Due]) -> None:
+        """Admit one consumed record: skip what the restored state holds, decode, drop
+        duplicates, then append it to ``due`` (handled in order by the caller) or hold it
+        for the reorder window."""
         p, off = m.partition(), m.offset()
         state = self.parts.get(p)
         eng = self.engines.get(p)
@@ -434,7 +465,7 @@ class DetectorWorker:
                 self._remember_evaluation(state, evaluation_id(rid, [name]))
         window_ns = int(self.settings.reorder_seconds * 1e9)
         if window_ns <= 0:
-            self._handle(state, eng, rec)
+            due.append((state, eng, rec))
             return
         state.arrivals += 1
         state.last_arrival = time.time()
@@ -444,30 +475,30 @@ class DetectorWorker:
         else:  # after every run that ended before it came
             entry = (state.max_end_ns, 1, "", state.arrivals, raw)
         bisect.insort(state.pending, entry)
-        self._release(p, state.max_end_ns - window_ns)
+        self._release(p, state.max_end_ns - window_ns, due)
 
-    def _release(self, p: int, limit_ns: int) -> None:
-        """Process, in order, the held records of partition ``p`` whose time is at most
-        ``limit_ns`` (the reorder window, ``reorder_seconds``)."""
+    def _release(self, p: int, limit_ns: int, due: list[_Due]) -> None:
+        """Append to ``due``, in order, the held records of partition ``p`` whose time is
+        at most ``limit_ns`` (the reorder window, ``reorder_seconds``)."""
         state, eng = self.parts[p], self.engines[p]
         n = bisect.bisect_right(state.pending, (limit_ns, 2))
         if not n:
             return
-        due, state.pending = state.pending[:n], state.pending[n:]
+        held, state.pending = state.pending[:n], state.pending[n:]
         self._dirty.add(p)
-        for entry in due:
-            self._handle(state, eng, decode_record(entry[4]))
+        due.extend((state, eng, decode_record(entry[4])) for entry in held)
 
-    def _flush_idle(self) -> None:
-        """Release everything a partition holds once no record came for the window (wall
-        time): the last runs before a pause are not held until the next run."""
+    def _flush_idle(self, due: list[_Due]) -> None:
+        """Release into ``due`` everything a partition holds once no record came for the
+        window (wall time): the last runs before a pause are not held until the next
+        run."""
         window = self.settings.reorder_seconds
         if window <= 0:
             return
         now = time.time()
         for p, state in list(self.parts.items()):
             if state.pending and now - state.last_arrival >= window and p in self.engines:
-                self._release(p, state.pending[-1][0])
+                self._release(p, state.pending[-1][0], due)
 
     def _handle(self, state: PartitionState, eng: Engine,
                 rec: Run | LateEvaluation | StreamCommand) -> None:
@@ -608,9 +639,7 @@ class DetectorWorker:
             while not self.stop_event.is_set():
                 msgs = self._consumer.consume(num_messages=100, timeout=s.poll_seconds)
                 with self.lock:
-                    for m in usable(msgs, "detector"):
-                        self._process(m)
-                    self._flush_idle()
+                    self._process_batch(list(usable(msgs, "detector")))
                     self._producer.poll(0)
                     now = time.monotonic()
                     if (now - last >= s.checkpoint_seconds

@@ -69,7 +69,16 @@ def caught_up(workers: list[DetectorWorker], bootstrap: str, topic: str) -> bool
 
 
 @pytest.mark.parametrize("transactions", ["on", "off"])
-def test_join_and_leave_mid_stream_equal_one_engine(transactions: str) -> None:
+def test_join_and_leave_mid_stream_equal_one_engine(transactions: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared: list[int] = []  # runs handed to Engine.prepare at once
+    real_prepare = Engine.prepare
+
+    def spy(self: Engine, runs: Any) -> None:
+        prepared.append(len(runs))
+        real_prepare(self, runs)
+
+    monkeypatch.setattr(Engine, "prepare", spy)
     bootstrap, _owner = mock_cluster()
     s = KafkaSettings(bootstrap=bootstrap, runs_topic="runs", state_topic="state",
                       alarms_topic="alarms", detect_group=f"g-{transactions}",
@@ -123,3 +132,6 @@ def test_join_and_leave_mid_stream_equal_one_engine(transactions: str) -> None:
     republished = sum(len(range(3, n, 25)) for n in (cut1, cut2 - cut1, len(runs) - cut2))
     assert sum(st.duplicates for st in states.values()) == republished
     assert a.checkpoints and b.checkpoints
+    # a consumed batch's runs of a partition are prepared together (the backlog: batches
+    # of up to 100 records over 4 partitions); each run once, a re-published copy never
+    assert max(prepared) > 1 and sum(prepared) == len(runs), prepared
