@@ -16,14 +16,22 @@ as soon as it is complete. Memory is bounded by
   trace is assembled early and counted (``dropped["evicted_trace"]``); only then could the
   result depend on the files' order;
 * the span count per trace id of the first pass (about 100 bytes per trace);
-* the assembled runs, kept to be ordered (a run holds counts and names, never content).
+* the assembled runs waiting to be ordered: at most :data:`SORT_RUNS_IN_MEMORY` (a run
+  holds counts and names, never content, ~2.7 KB). Past that, they are sorted in chunks
+  written to temporary files as run records (``scaleout/records.encode_run``, which gives
+  back equal runs) and merged when read; every :data:`MERGE_FAN_IN` chunks of one size
+  are merged into one, so a merge never holds more than a few dozen files open.
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
+import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.engine.streams import close_order
@@ -37,6 +45,107 @@ from assaywatch.monitor.receivers.spans import IngestCounters, SpanRecord
 MAX_ISSUES_KEPT = 50
 #: Traces held open at once while reading (see the module docstring).
 MAX_OPEN_TRACES = 100_000
+#: Runs held in memory to be ordered; more are sorted in chunks on disk.
+SORT_RUNS_IN_MEMORY = 2_000
+#: Chunks of one size merged into one larger chunk.
+MERGE_FAN_IN = 16
+
+logger = logging.getLogger(__name__)
+
+
+class RunSorter:
+    """Runs in close order (:func:`close_order`, stable: equal keys keep the order they
+    were added in) with at most ``in_memory`` of them in memory; the rest wait in
+    temporary files, sorted, one line a run: its end time and run id, a tab, its run
+    record."""
+
+    def __init__(self, in_memory: int = SORT_RUNS_IN_MEMORY,
+                 fan_in: int = MERGE_FAN_IN) -> None:
+        if in_memory < 1 or fan_in < 2:
+            raise ValueError(f"RunSorter: in_memory >= 1 and fan_in >= 2, got {in_memory}, "
+                             f"{fan_in}")
+        self.in_memory, self.fan_in = in_memory, fan_in
+        self._runs: list[Run] = []
+        #: sorted chunks on disk, in the order their runs were added, with their level
+        #: (a chunk of level k holds about in_memory * fan_in ** k runs)
+        self._chunks: list[tuple[int, IO[bytes]]] = []
+        #: runs no record can hold (kept in memory, ordered with the rest)
+        self._kept: list[Run] = []
+        #: runs added, and runs written to a chunk
+        self.count = self.spilled = 0
+
+    def add(self, runs: Iterable[Run]) -> None:
+        n = len(self._runs)
+        self._runs.extend(runs)
+        self.count += len(self._runs) - n
+        if len(self._runs) >= self.in_memory:
+            self._spill()
+
+    def _spill(self) -> None:
+        from assaywatch.monitor.scaleout.records import encode_run
+
+        self._runs.sort(key=close_order)
+        f = tempfile.TemporaryFile(prefix="assaywatch-runs-")
+        for run in self._runs:
+            try:
+                data = encode_run(run)  # compact JSON: no raw newline inside
+                if "\t" in run.run_id or "\n" in run.run_id:
+                    raise ValueError("a tab or a newline in its id")
+            except (ValueError, TypeError) as exc:
+                logger.warning("run %r kept in memory to be ordered: %s", run.run_id, exc)
+                self._kept.append(run)
+                continue
+            f.write(b"%d %s\t%s\n" % (run.end_ns, run.run_id.encode(), data))
+            self.spilled += 1
+        self._runs.clear()
+        self._push(0, f)
+
+    def _push(self, level: int, f: IO[bytes]) -> None:
+        f.seek(0)
+        self._chunks.append((level, f))
+        tail = self._chunks[-self.fan_in:]
+        if len(tail) == self.fan_in and all(lv == level for lv, _ in tail):
+            del self._chunks[-self.fan_in:]
+            merged = tempfile.TemporaryFile(prefix="assaywatch-runs-")
+            # (key, chunk, line): the chunk's index keeps ties in the order they came
+            parts = [_tagged(_lines(g), j) for j, (_, g) in enumerate(tail)]
+            merged.writelines(line for _, _, line in heapq.merge(*parts))
+            self._push(level + 1, merged)
+
+    def __iter__(self) -> Iterator[Run]:
+        from assaywatch.monitor.scaleout.records import decode_run
+
+        self._runs.sort(key=close_order)
+        self._kept.sort(key=close_order)
+        chunks, kept, runs = self._chunks, self._kept, self._runs
+        self._chunks, self._kept, self._runs = [], [], []
+        if not chunks and not kept:
+            yield from runs
+            return
+        # (key, source, run or line): the source index keeps the merge stable
+        n = len(chunks)
+        sources: list[Iterator[tuple[tuple[int, str], int, Any]]] = [
+            _tagged(_lines(f), i) for i, (_, f) in enumerate(chunks)]
+        sources += [_tagged(((close_order(r), r) for r in kept), n),
+                    _tagged(((close_order(r), r) for r in runs), n + 1)]
+        for _, i, item in heapq.merge(*sources):
+            yield decode_run(item.split(b"\t", 1)[1]) if i < n else item
+
+
+def _tagged(items: Iterable[tuple[tuple[int, str], Any]], source: int,
+            ) -> Iterator[tuple[tuple[int, str], int, Any]]:
+    """(key, source, item): merged, ties come out in the order of their sources."""
+    for key, item in items:
+        yield key, source, item
+
+
+def _lines(f: IO[bytes]) -> Iterator[tuple[tuple[int, str], bytes]]:
+    """A chunk's lines with their order keys (end time, run id); closes the file."""
+    with f:
+        for line in f:
+            head = line[:line.index(b"\t")]
+            end, rid = head.split(b" ", 1)
+            yield (int(end), rid.decode()), line
 
 
 @dataclass
@@ -97,7 +206,7 @@ def iter_runs(paths: Sequence[str], *, strict: bool = False,
                             counters=counters, key_attributes=tuple(key_attributes))
 
     open_traces: dict[str, list[SpanRecord]] = {}  # first-seen order
-    runs: list[Run] = []
+    runs = RunSorter(SORT_RUNS_IN_MEMORY, MERGE_FAN_IN)  # read here: tests change them
     for batch in read_spans(list(paths), strict=strict, on_error=on_error):
         stats.spans += len(batch)
         for span in batch:
@@ -107,15 +216,14 @@ def iter_runs(paths: Sequence[str], *, strict: bool = False,
                 if len(open_traces) >= max_open_traces:
                     oldest = next(iter(open_traces))
                     counters.add_dropped("evicted_trace")
-                    runs.extend(assemble(open_traces.pop(oldest)))
+                    runs.add(assemble(open_traces.pop(oldest)))
                 spans = open_traces[tid] = []
             spans.append(span)
             if len(spans) >= expected[tid]:
-                runs.extend(assemble(open_traces.pop(tid)))
+                runs.add(assemble(open_traces.pop(tid)))
     for spans in open_traces.values():  # only after an eviction split a trace
-        runs.extend(assemble(spans))
-    runs.sort(key=close_order)
-    stats.runs = len(runs)
+        runs.add(assemble(spans))
+    stats.runs = runs.count
     stats.dropped = dict(counters.snapshot()[2])
     yield from runs
 
