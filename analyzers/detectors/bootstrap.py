@@ -10,7 +10,8 @@ time, ``base.split_arl0``), each with confidence :math:`c' = (1 + c) / 2` over t
 baseline's sampling so both hold together with probability at least c (union bound).
 
 * Pass rate (``BernoulliCUSUM``): exact Markov chain of the lattice detector at the
-  :math:`1 - c'` posterior quantile of the pass rate (``calibration``); pass/fail outcomes
+  level-:math:`c'` Clopper-Pearson lower bound of the pass rate (``calibration``: the
+  guarantee over baselines is exact at every true rate); pass/fail outcomes
   are Bernoulli whatever the agent, so nothing is gained by resampling them. The rate the
   chart is designed for is chosen between that quantile and the estimate to minimise the
   exact delay at a drop of delta (:func:`_pass_rate`).
@@ -83,7 +84,7 @@ Examples
 ...                     passes=450, fails=50, sample=x)
 >>> th = calibrate(data, CalibrationSettings(arl0=1_000), seed=1)
 >>> th.fingerprint.shape[0], round(th.pass_rate, 1)
-(2, 4.7)
+(2, 4.3)
 
 References
 ----------
@@ -102,12 +103,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 from assaywatch.analyzers.detectors import latency
 from assaywatch.analyzers.detectors.calibration import (
     bernoulli_cusum_arl,
     bernoulli_cusum_threshold,
+    lower_pass_rate_bound,
 )
 from assaywatch.analyzers.detectors.multichart import (
     RUN_CLIP,
@@ -460,14 +461,14 @@ def _pass_rate_exact(passes: int, fails: int, delta: float, arl0: float, conf: f
 
 def _pass_rate_uncached(passes: int, fails: int, delta: float, arl0: float, conf: float
                         ) -> tuple[float, float]:
-    """(h, p0) of the pass-rate CUSUM: h keeps ``arl0`` at the adverse posterior quantile
+    """(h, p0) of the pass-rate CUSUM: h keeps ``arl0`` at the Clopper-Pearson lower bound
     q of the pass rate (exact, ``calibration``); the design rate p0 is chosen on a grid
     between q and the Jeffreys estimate to minimise the delay at a drop of ``delta`` from
     the estimate (a small baseline's chart designed for its point estimate needs a large h
     to survive q; one designed nearer q needs less and detects sooner)."""
     n, x = passes + fails, passes
     p_hat = (x + 0.5) / (n + 1.0)
-    q = float(stats.beta.ppf(1.0 - conf, x + 0.5, n - x + 0.5))
+    q = lower_pass_rate_bound(x, n, conf)
     best: tuple[float, float, float] | None = None
     why = f"pass rate {p_hat:.3f} leaves no room for a drop of {delta}"
     for p0 in np.linspace(max(q, delta + 1e-3), p_hat, 6):

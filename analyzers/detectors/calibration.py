@@ -22,15 +22,23 @@ mis-specification for a CUSUM (see the misspecification benchmark). The chain on
 ARL in O(H * A * (A + B)) operations, a fraction of a millisecond.
 
 Estimated baseline. When p0 is the pass rate of a finite baseline (x passes of n runs),
-the true in-control rate is uncertain. With the Jeffreys prior the posterior is
-Beta(x + 1/2, n - x + 1/2). The chain's ARL is non-decreasing in the true pass rate
-(a higher pass rate is stochastically fewer up-jumps, coupling argument), so
+the true in-control rate p is uncertain. The chain's ARL is non-decreasing in the true pass
+rate (a higher pass rate is stochastically fewer up-jumps, coupling argument), so with
+:math:`q` the one-sided Clopper-Pearson lower confidence bound of level c,
+:math:`q = \mathrm{Beta}^{-1}(1 - c;\ x,\ n - x + 1)` (0 when x = 0), for which
+:math:`P_p(q \le p) \ge c` at every p,
 
-    P_posterior( ARL0(h; p) >= target ) >= c   <=>   ARL0(h; q_{1-c}) >= target,
+    ARL0(h; q) >= target   =>   P_p( ARL0(h; p) >= target ) >= c   over baselines, every p.
 
-where :math:`q_{1-c}` is the (1 - c) posterior quantile. The posterior draw-and-simulate
-recipe of SPEC.md therefore reduces, exactly, to calibrating the plug-in chart (its llr
-uses :math:`\hat p_0 = x/n`) under the true rate :math:`q_{1-c}`: no Monte Carlo error.
+Calibrating the chart (its llr uses the plug-in estimate) under the true rate q is exact:
+no Monte Carlo error, and the guarantee is frequentist over the baselines one could have
+drawn (:func:`lower_pass_rate_bound`). The Jeffreys posterior quantile used before
+(:math:`\mathrm{Beta}^{-1}(1 - c;\ x + 1/2,\ n - x + 1/2)`, SPEC's posterior recipe)
+is slightly less conservative; its coverage over baselines oscillates around c: exact
+misses of 0.037-0.062 where 0.05 is allowed, at 200-run baselines and c = 0.95
+(``tests/analyzers/detectors/test_bernoulli_cusum.py``). Clopper-Pearson's are
+0.026-0.043; its threshold costs 7-12% of the delay at a drop of 0.1 with 200-run
+baselines and under 1% with 2,000.
 
 Gaussian CUSUM (standardised fingerprint features)
 --------------------------------------------------
@@ -88,6 +96,20 @@ def _check_rates(p0: float, p1: float) -> None:
         )
     if not (0.0 < p1 < p0):
         raise ValueError(f"p1={p1!r} must satisfy 0 < p1 < p0={p0!r} (a drop in pass rate)")
+
+
+def lower_pass_rate_bound(passes: int, runs: int, confidence: float) -> float:
+    """One-sided Clopper-Pearson lower bound of level ``confidence`` on the pass rate of a
+    baseline of ``passes`` out of ``runs``: the rate q with P(X >= passes) = 1 - confidence
+    for X ~ Binomial(runs, q), 0 when there is no pass; it lies under the true rate with
+    probability at least ``confidence`` whatever that rate.
+
+    >>> round(lower_pass_rate_bound(180, 200, 0.95), 3)
+    0.858
+    """
+    if passes <= 0:
+        return 0.0
+    return float(special.betaincinv(passes, runs - passes + 1, 1.0 - confidence))
 
 
 def _check_arl0(arl0: float) -> None:
@@ -232,10 +254,11 @@ def bernoulli_cusum_threshold(
         Target in-control average run length, in runs.
     baseline_runs, baseline_passes:
         Size and passes of the baseline p0 was estimated from; both or neither. With them,
-        h guarantees ARL0 >= arl0 with posterior probability ``confidence`` (Jeffreys
-        prior, exact via the monotonicity argument of the module docstring).
+        h guarantees ARL0 >= arl0 with probability at least ``confidence`` over the
+        baselines (the Clopper-Pearson lower bound, exact via the monotonicity argument of
+        the module docstring).
     confidence:
-        Posterior probability of meeting the target, in (0, 1).
+        Probability over baselines of meeting the target, in (0, 1).
 
     Returns
     -------
@@ -257,11 +280,7 @@ def bernoulli_cusum_threshold(
             )
         if not (0.0 < confidence < 1.0):
             raise ValueError(f"confidence={confidence!r} must lie strictly between 0 and 1")
-        p_true = float(
-            special.betaincinv(
-                baseline_passes + 0.5, baseline_runs - baseline_passes + 0.5, 1.0 - confidence
-            )
-        )
+        p_true = lower_pass_rate_bound(baseline_passes, baseline_runs, confidence)
     states, unit = _threshold_units(
         round(p_true, 9), round(p0, 9), round(p1, 9), float(round(arl0, 6))
     )

@@ -22,8 +22,8 @@ Per world, one row per baseline size:
   LLR CUSUM knowing both distributions, at the target ARL0 and at the e-CUSUM's measured
   first-alarm ARL0 (equal false-alarm rates), and the ratios;
 * ``bit``: the pass/fail ``BernoulliCUSUM`` on ``score >= mid-scale``, learned from the same
-  baselines (``from_baseline``, Jeffreys p0, threshold with ARL0 >= 500 at posterior
-  probability 0.95, the e-CUSUM's confidence), told the true drop of the pass rate (its most
+  baselines (``from_baseline``, Jeffreys p0, threshold with ARL0 >= 500 with probability
+  0.95 over baselines, the e-CUSUM's confidence), told the true drop of the pass rate (its most
   favourable design), run as the float LLR recursion at the detector's threshold; its
   measured ARL0 (first alarm, same estimator) beside it.
 

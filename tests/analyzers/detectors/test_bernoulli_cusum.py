@@ -173,12 +173,79 @@ def test_constructor_validates_arguments() -> None:
         bernoulli_cusum_threshold(0.9, 0.8, 1_000, baseline_runs=10)
     with pytest.raises(ValueError, match="pass"):
         BernoulliCUSUM(0.9).update(2)
-    det = BernoulliCUSUM.from_baseline(runs=50, passes=50)
-    assert 0.98 < det.p0 < 1.0 and det.threshold > 0
+    # an all-pass baseline: p0 inside (0, 1); (50 runs no longer suffice for ARL0 10,000
+    # at the Clopper-Pearson bound 0.1 ** (1 / 50) = 0.955 with p1 = p0 - 0.1)
+    det = BernoulliCUSUM.from_baseline(runs=100, passes=100)
+    assert 0.99 < det.p0 < 1.0 and det.threshold > 0
 
 
 def test_larger_baselines_give_smaller_thresholds() -> None:
     hs = [
-        bernoulli_cusum_threshold(0.9, 0.8, 10_000, n, int(0.9 * n)) for n in (100, 1_000, 10_000)
+        bernoulli_cusum_threshold(0.9, 0.8, 10_000, n, int(0.9 * n)) for n in (200, 1_000, 10_000)
     ]
     assert hs[0] > hs[1] > hs[2] > bernoulli_cusum_threshold(0.9, 0.8, 10_000)
+
+
+# -- the monitor's pass-rate chart over the baselines it could have learned (exact) --------
+CONF, DELTA, ARL = 0.95, 0.1, 1_000.0  # a half share of arl0 500 at confidence 0.9
+
+
+def _rates_over_baselines(n: int, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """(probability, in-control alarm rate at the true p) of every baseline of n runs with
+    a probability above 1e-9, through the monitor's calibration (``bootstrap._pass_rate``:
+    Clopper-Pearson bound, design rate chosen on its grid)."""
+    from assaywatch.analyzers.detectors.bootstrap import _pass_rate_exact
+
+    xs = np.arange(n + 1)
+    w = stats.binom.pmf(xs, n, p)
+    keep = w > 1e-9
+    rates = []
+    for x in xs[keep]:
+        out = _pass_rate_exact(int(x), int(n - x), DELTA, ARL, CONF)
+        assert not isinstance(out, str), out
+        h, p0 = out
+        rates.append(1.0 / bernoulli_cusum_arl(p, p0, p0 - DELTA, h))
+    return w[keep], np.array(rates)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", [0.7, 0.75, 0.8, 0.85, 0.9, 0.92, 0.95])
+def test_arl0_holds_with_the_stated_confidence_over_baselines(p: float) -> None:
+    """Exact, not simulated: the probability, over the 200-run baselines of an agent whose
+    pass rate is p, that the chart's true in-control ARL falls under its target is at most
+    1 - 0.95 (the Jeffreys posterior quantile used before missed 0.037-0.062 on this grid:
+    0.057 at p = 0.9, 0.062 at 0.95)."""
+    w, rates = _rates_over_baselines(200, p)
+    assert w[rates > 1.0 / ARL].sum() <= 1.0 - CONF
+
+
+def _top_decile(w: np.ndarray, rates: np.ndarray) -> float:
+    """Share of the mean alarm rate held by the top 10% of baselines (by probability)."""
+    order = np.argsort(-rates)
+    left, top = 0.1, 0.0
+    for i in order:
+        take = min(w[i], left)
+        top += take * rates[i]
+        left -= take
+        if left <= 0:
+            break
+    return float(top / (w * rates).sum())
+
+
+@pytest.mark.slow
+def test_pass_rate_alarms_spread_over_streams_of_2000_run_baselines() -> None:
+    """Streams differ only by their baseline's luck. With 2,000-run baselines the 10% of
+    streams with the most optimistic baselines carry at most a quarter of the pass-rate
+    chart's false alarms (exactly: 0.2 where equal rates give 0.1)."""
+    w, rates = _rates_over_baselines(2_000, 0.9)
+    assert _top_decile(w, rates) <= 0.25
+
+
+@pytest.mark.xfail(reason="exact: with 200-run baselines the top decile of streams carries "
+                   "0.59 of the pass-rate chart's false alarms (0.61 at p = 0.8): the "
+                   "quantile guarantee puts the median baseline's ARL at 22x its target and "
+                   "the mean at 5.4x; measured 0.63 over 40 streams (bench_decile), where "
+                   "the fingerprint chart's is 0.24", strict=True)
+def test_pass_rate_alarms_spread_over_streams_of_200_run_baselines() -> None:
+    w, rates = _rates_over_baselines(200, 0.9)
+    assert _top_decile(w, rates) <= 0.25
