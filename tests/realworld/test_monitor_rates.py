@@ -12,10 +12,12 @@ How each claim is measured:
 * ARL0 of the union: every alarm onset of every detector over ``streams x HORIZON``
   in-control runs; the claim "ARL0 >= arl0" fails when the count of onsets is above the
   0.995 quantile of a Poisson count with mean exposure / arl0 (Monte Carlo error).
-* Spread over streams (200-run streams, the worst case): the index of dispersion of the
-  per-stream onset counts against equal rates (chi-square), and the share of all onsets
-  raised by the top decile of streams (the ``round(0.1 * streams)`` with the most) beside
-  its value when every stream has the pooled rate (Poisson reference).
+* Spread over streams (200-run streams, the worst case): the share of all onsets raised
+  by the top decile of streams (the ``round(0.1 * streams)`` with the most) beside its value
+  when every stream has the pooled rate (Poisson reference). The rates are not equal: a
+  test of equal rates (index of dispersion) passed at this size only for want of alarms,
+  and rejects them at p ~ 1e-63 with 20,000 runs a stream (``python -m tests.benchmarks
+  decile``, which measures the long-run share with the count noise taken out).
 * Delays: steady state (change after 200 in-control runs without an alarm), mean over
   repetitions against the likelihood-ratio CUSUM on the exact per-run LLR calibrated to
   the union's measured ARL0 (``measure.oracle_delay``).
@@ -76,21 +78,12 @@ def test_union_arl0_holds_when_calls_correlate_within_runs(n_b: int, streams: in
     assert onsets <= limit, (n_b, onsets, streams * HORIZON / ARL0, res.detector_alarms)
 
 
-def test_streams_false_alarm_rates_are_homogeneous(
-        incontrol: dict[int, InControlResult]) -> None:
-    """Index of dispersion of the per-stream onset counts (equal exposure): under equal
-    rates sum (c - mean)^2 / mean is chi-square with streams - 1 df."""
-    res = incontrol[200]
-    c = res.counts.astype(float)
-    assert c.sum() >= 10, "too few alarms to measure a spread"
-    dispersion = float(((c - c.mean()) ** 2).sum() / c.mean())
-    assert stats.chi2.sf(dispersion, c.size - 1) > 0.01, (dispersion, sorted(c))
-
-
-@pytest.mark.xfail(reason="at this size (24 streams, ~1 onset each) even equal rates give a "
-                   "top-decile share near 0.3 (Poisson reference); measured 0.29 here, 0.26 "
-                   "against 0.27 in the benchmark; with 3-6 onsets a stream 0.23-0.32 "
-                   "against 0.17-0.21 (README)", strict=False)
+@pytest.mark.xfail(reason="the streams' rates differ: with 200-run baselines the top decile "
+                   "carries 0.27-0.30 of the false alarms in the long run (bench_decile, 40 "
+                   "streams x 20,000 runs: naive 0.30, split-half 0.30, gamma fit 0.27-0.28, "
+                   "95% intervals from 0.21 to 0.35), the pass-rate chart's 0.6 exactly "
+                   "(test_bernoulli_cusum.py); at this test's size (about one onset a stream) "
+                   "even equal rates give about 0.3", strict=False)
 def test_no_decile_of_streams_carries_more_than_a_quarter_of_false_alarms(
         incontrol: dict[int, InControlResult]) -> None:
     res = incontrol[200]
