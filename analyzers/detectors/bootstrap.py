@@ -117,7 +117,7 @@ from assaywatch.analyzers.detectors.multichart import (
     shift_directions,
 )
 from assaywatch.analyzers.detectors.score import ScoreSummary, best_lambda
-from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl
+from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl, cusum_h
 from assaywatch.analyzers.detectors.toolcounts import (
     call_shares,
     run_swap_llr,
@@ -210,14 +210,12 @@ class Thresholds:
 
 
 def _chart_h(level: float | F64, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
-    """Per chart, the h with ARL e^level (bisection on the monotone formula), at least
-    ``h_min``."""
-    lo, hi = np.full_like(theta, h_min), np.full_like(theta, _MAX_H)
-    for _ in range(30):
-        mid = (lo + hi) / 2.0
-        below = np.log(cusum_arl(mid, theta, mu, sd)) < level
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    return hi
+    """Per chart, the h with ARL e^level (Siegmund's formula inverted, ``cusum_h``), within
+    [``h_min``, :data:`_MAX_H`]: ``h_min`` where no h gives it (the formula is negative or
+    infinite at every h), :data:`_MAX_H` where none below it does."""
+    h = cusum_h(np.asarray(level, dtype=np.float64), theta, mu, sd)
+    out: F64 = np.clip(np.where(np.isnan(h), -np.inf, h), h_min, _MAX_H)
+    return out
 
 
 def _latency_model(data: BaselineData) -> tuple[tuple[str, ...], F64] | None:

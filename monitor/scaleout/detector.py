@@ -101,6 +101,10 @@ from assaywatch.monitor.scaleout.settings import KafkaSettings
 logger = logging.getLogger(__name__)
 
 
+#: Records consumed at once: a batch's runs of a stream are prepared together (at most
+#: one batch is handled under the lock between two scrapes).
+CONSUME_BATCH = 100
+
 #: A record due to be handled: its partition's state and engine, and the record.
 _Due = tuple[PartitionState, Engine, "Run | LateEvaluation | StreamCommand"]
 
@@ -637,7 +641,7 @@ class DetectorWorker:
         clean = False
         try:
             while not self.stop_event.is_set():
-                msgs = self._consumer.consume(num_messages=100, timeout=s.poll_seconds)
+                msgs = self._consumer.consume(num_messages=CONSUME_BATCH, timeout=s.poll_seconds)
                 with self.lock:
                     self._process_batch(list(usable(msgs, "detector")))
                     self._producer.poll(0)
