@@ -9,14 +9,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.otel_agent import MonitorProcess
+from tests.e2e.test_monitor_e2e import wait_runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -58,13 +57,6 @@ AGENT = textwrap.dedent(f'''
 ''')
 
 
-def _samples(mon: MonitorProcess) -> list[tuple[str, dict[str, str], float]]:
-    with urllib.request.urlopen(mon.url("/metrics"), timeout=10) as resp:
-        text = resp.read().decode()
-    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)
-            for s in f.samples]
-
-
 def test_one_import_agent_shows_up_in_the_monitor(tmp_path: Path, fake_llm) -> None:
     cfg = tmp_path / "monitor.yaml"
     cfg.write_text("assembler:\n  grace_seconds: 0.5\ndetectors:\n  learn_runs: 40\n")
@@ -79,15 +71,11 @@ def test_one_import_agent_shows_up_in_the_monitor(tmp_path: Path, fake_llm) -> N
         res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                              text=True, timeout=180)
         assert res.returncode == 0, res.stderr[-3000:]
-        deadline = time.monotonic() + 30
-        runs: dict[str, float] = {}
-        while time.monotonic() < deadline:
-            samples = _samples(mon)
-            runs = {lab["outcome"]: v for n, lab, v in samples
-                    if n == "assaywatch_runs_total" and lab["agent"] == "weather-agent"}
-            if sum(runs.values()) >= N_RUNS:
-                break
-            time.sleep(0.5)
+        # every run counted, then the stream calibrated (its coverage is exported once its
+        # detectors run; the worker may still be calibrating when the last run arrives)
+        samples = wait_runs(mon, {"weather-agent": N_RUNS}, timeout=60)
+        runs = {lab["outcome"]: v for n, lab, v in samples
+                if n == "assaywatch_runs_total" and lab["agent"] == "weather-agent"}
         # every run assembled once, its outcome from record_evaluation (1 in 5 fails)
         assert runs == {"pass": 40.0, "fail": 10.0, "unknown": 0.0}, runs
         labels = {(lab.get("version"), lab.get("scenario")) for n, lab, _ in samples
