@@ -108,7 +108,6 @@ from assaywatch.analyzers.detectors import latency
 from assaywatch.analyzers.detectors.calibration import (
     bernoulli_cusum_arl,
     bernoulli_cusum_threshold,
-    lower_pass_rate_bound,
 )
 from assaywatch.analyzers.detectors.multichart import (
     RUN_CLIP,
@@ -125,6 +124,7 @@ from assaywatch.analyzers.detectors.toolcounts import (
     swap_weights,
     tool_counts,
 )
+from assaywatch.analyzers.verdicts import clopper_pearson_interval
 
 __all__ = ["BaselineData", "CalibrationSettings", "Thresholds", "calibrate", "cusum_arl"]
 
@@ -466,7 +466,7 @@ def _pass_rate_uncached(passes: int, fails: int, delta: float, arl0: float, conf
     to survive q; one designed nearer q needs less and detects sooner)."""
     n, x = passes + fails, passes
     p_hat = (x + 0.5) / (n + 1.0)
-    q = lower_pass_rate_bound(x, n, conf)
+    q = clopper_pearson_interval(x, n, 1.0 - conf, sided="lower")[0]
     best: tuple[float, float, float] | None = None
     why = f"pass rate {p_hat:.3f} leaves no room for a drop of {delta}"
     for p0 in np.linspace(max(q, delta + 1e-3), p_hat, 6):

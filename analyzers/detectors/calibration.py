@@ -32,13 +32,13 @@ rate (a higher pass rate is stochastically fewer up-jumps, coupling argument), s
 
 Calibrating the chart (its llr uses the plug-in estimate) under the true rate q is exact:
 no Monte Carlo error, and the guarantee is frequentist over the baselines one could have
-drawn (:func:`lower_pass_rate_bound`). The Jeffreys posterior quantile used before
-(:math:`\mathrm{Beta}^{-1}(1 - c;\ x + 1/2,\ n - x + 1/2)`, SPEC's posterior recipe)
-is slightly less conservative; its coverage over baselines oscillates around c: exact
-misses of 0.037-0.062 where 0.05 is allowed, at 200-run baselines and c = 0.95
-(``tests/analyzers/detectors/test_bernoulli_cusum.py``). Clopper-Pearson's are
-0.026-0.043; its threshold costs 7-12% of the delay at a drop of 0.1 with 200-run
-baselines and under 1% with 2,000.
+drawn (``verdicts.clopper_pearson_interval``, one-sided). The Jeffreys posterior
+quantile used before (:math:`\mathrm{Beta}^{-1}(1 - c;\ x + 1/2,\ n - x + 1/2)`,
+SPEC's posterior recipe) is slightly less conservative; its coverage over baselines
+oscillates around c: exact misses of 0.037-0.062 where 0.05 is allowed, at 200-run
+baselines and c = 0.95 (``tests/analyzers/detectors/test_bernoulli_cusum.py``).
+Clopper-Pearson's are 0.026-0.043; its threshold costs 7-12% of the delay at a drop of
+0.1 with 200-run baselines and under 1% with 2,000.
 
 Gaussian CUSUM (standardised fingerprint features)
 --------------------------------------------------
@@ -72,6 +72,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import linalg, optimize, special, stats
 
+from assaywatch.analyzers.verdicts import clopper_pearson_interval
+
 __all__ = [
     "bernoulli_lattice",
     "bernoulli_cusum_arl",
@@ -96,20 +98,6 @@ def _check_rates(p0: float, p1: float) -> None:
         )
     if not (0.0 < p1 < p0):
         raise ValueError(f"p1={p1!r} must satisfy 0 < p1 < p0={p0!r} (a drop in pass rate)")
-
-
-def lower_pass_rate_bound(passes: int, runs: int, confidence: float) -> float:
-    """One-sided Clopper-Pearson lower bound of level ``confidence`` on the pass rate of a
-    baseline of ``passes`` out of ``runs``: the rate q with P(X >= passes) = 1 - confidence
-    for X ~ Binomial(runs, q), 0 when there is no pass; it lies under the true rate with
-    probability at least ``confidence`` whatever that rate.
-
-    >>> round(lower_pass_rate_bound(180, 200, 0.95), 3)
-    0.858
-    """
-    if passes <= 0:
-        return 0.0
-    return float(special.betaincinv(passes, runs - passes + 1, 1.0 - confidence))
 
 
 def _check_arl0(arl0: float) -> None:
@@ -280,7 +268,8 @@ def bernoulli_cusum_threshold(
             )
         if not (0.0 < confidence < 1.0):
             raise ValueError(f"confidence={confidence!r} must lie strictly between 0 and 1")
-        p_true = lower_pass_rate_bound(baseline_passes, baseline_runs, confidence)
+        p_true = clopper_pearson_interval(baseline_passes, baseline_runs, 1.0 - confidence,
+                                          sided="lower")[0]
     states, unit = _threshold_units(
         round(p_true, 9), round(p0, 9), round(p1, 9), float(round(arl0, 6))
     )
