@@ -65,10 +65,13 @@ from tests.e2e.rawotlp import (
     scrape,
     value,
 )
+from tests.infra.haproxy import AdmissionProxy, haproxy_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-LOAD_SECONDS = 60.0
+#: Seconds of flood: 60 through the admission proxy (the issue's figure); 30 straight at
+#: the monitor, whose ratio is recorded, not claimed (CI time)
+LOAD_SECONDS = {"admission": 60.0, "monitor": 30.0}
 #: The capacity burst: the same requests from a few connections, long enough for the
 #: queue to fill and the pipeline to run at its pace.
 BURST_SECONDS = 8.0
@@ -76,6 +79,11 @@ BURST_CONNS = 8
 #: The flood's HTTP connections (the receiver serves 64 at once; more connections do
 #: not make the monitor answer faster, they only queue for its decode slots).
 FLOOD_CONNS = 32
+#: Through the admission proxy, which answers a refused request at once: more connections,
+#: from a source address of their own (the flood is one sender; the well-behaved agent and
+#: the fresh run come from 127.0.0.1)
+ADMISSION_FLOOD_CONNS = 128
+FLOOD_SOURCE = "127.0.0.2"
 #: Offered load during the flood, in multiples of the capacity measured.
 TARGET_RATIO = 10.0
 #: gRPC calls in flight per Python sender process (2 processes: 8 calls, below the
@@ -242,10 +250,11 @@ def _write_bodies(out_dir: Path) -> tuple[Path, float]:
 
 
 def _run_loadgen(binary: Path, address: str, bodies: Path, seconds: float, conns: int,
-                 seed: int) -> subprocess.Popen[str]:
+                 seed: int, source: str = "") -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(binary), "-url", f"http://{address}/v1/traces", "-dir", str(bodies),
-         "-duration", str(seconds), "-conns", str(conns), "-seed", str(seed)],
+         "-duration", str(seconds), "-conns", str(conns), "-seed", str(seed),
+         *(["-local", source] if source else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -346,8 +355,18 @@ class GoodAgent(threading.Thread):
         self.http.close()
 
 
+@pytest.mark.parametrize("front", ["admission", "monitor"])
 def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_intact(
-        tmp_path: Path) -> None:
+        tmp_path: Path, front: str, request: pytest.FixtureRequest) -> None:
+    """``front``: where the senders send. ``admission``: through the shipped admission
+    proxy (``deploy/admission/haproxy.cfg``, a real HAProxy) in front of the monitor, the
+    deployment the 10x claim is made for; ``monitor``: straight at the monitor's
+    receivers, whose own refusals then bound the ratio (recorded as an xfail below it)."""
+    if front == "admission" and haproxy_binary() is None:
+        pytest.skip("the `haproxy` command is not installed: this case runs the shipped "
+                    "admission proxy (deploy/admission/haproxy.cfg); CI installs Debian's "
+                    "haproxy package")
+    load_seconds = LOAD_SECONDS[front]
     t_start = time.monotonic()
     loadgen, build_s = _build_loadgen(tmp_path)
     bodies, spans_per_request = _write_bodies(tmp_path / "bodies")
@@ -356,34 +375,45 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
     mon = MonitorProcess("--config", str(cfg), "--log-level", "WARNING").start()
     assert mon.proc is not None
     pid = mon.proc.pid
-    http_address = mon.addresses["otlp_http"]
     idle_kib = _proc_kib(pid, "VmRSS")
 
-    # capacity: what the monitor accepts under a short saturating burst
+    # capacity: what the monitor accepts under a short saturating burst (straight at it)
     cpu0 = _cpu_s(pid)
-    burst = _loadgen_result(_run_loadgen(loadgen, http_address, bodies, BURST_SECONDS,
-                                         BURST_CONNS, seed=1), timeout=60)
+    burst = _loadgen_result(_run_loadgen(loadgen, mon.addresses["otlp_http"], bodies,
+                                         BURST_SECONDS, BURST_CONNS, seed=1), timeout=60)
     burst_cpu = (_cpu_s(pid) - cpu0) / burst["duration_s"]
     capacity = burst["codes"].get("200", 0) / burst["duration_s"]
     assert capacity > 0, burst
     time.sleep(2.0)  # the burst's runs close (grace 1 s) before the flood starts
 
+    proxy = None
+    http_address, grpc_address = mon.addresses["otlp_http"], mon.addresses["otlp_grpc"]
+    flood_conns, source = FLOOD_CONNS, ""
+    if front == "admission":
+        proxy = AdmissionProxy(http_address, grpc_address)
+        request.addfinalizer(proxy.stop)
+        proxy.start()
+        http_address, grpc_address = proxy.http, proxy.grpc
+        flood_conns, source = ADMISSION_FLOOD_CONNS, FLOOD_SOURCE
+        proxy_cpu0 = _cpu_s(proxy.proc.pid) if proxy.proc else 0.0
+
     # the flood
     ctx = mp.get_context("fork")
     results: Any = ctx.Queue()
-    stop_at = time.monotonic() + LOAD_SECONDS
-    flood = _run_loadgen(loadgen, http_address, bodies, LOAD_SECONDS, FLOOD_CONNS, seed=2)
+    stop_at = time.monotonic() + load_seconds
+    flood = _run_loadgen(loadgen, http_address, bodies, load_seconds, flood_conns, seed=2,
+                         source=source)
     cpu0, idle0, t0 = _cpu_s(pid), _idle_s(), time.monotonic()
     children0 = os.times()
     procs = [ctx.Process(target=_grpc_sender, daemon=True,
-                         args=(kind, mon.addresses["otlp_grpc"], seed, stop_at, results))
+                         args=(kind, grpc_address, seed, stop_at, results))
              for kind, seed in (("bulk", 4), ("flood", 6))]
     for p in procs:
         p.start()
     scraper = Scraper(mon.addresses["metrics"])
     scraper.start()
     received0 = value(scrape(mon.addresses["metrics"]), "assaywatch_spans_received_total")
-    good = GoodAgent(http_address, runs=int(LOAD_SECONDS) - 5)
+    good = GoodAgent(http_address, runs=int(load_seconds) - 5)
     good.start()
     rss_samples: list[int] = []
     while time.monotonic() < stop_at:
@@ -392,6 +422,8 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
     lg = _loadgen_result(flood, timeout=60)
     load_s = time.monotonic() - t0
     flood_cpu = (_cpu_s(pid) - cpu0) / load_s
+    proxy_cores = ((_cpu_s(proxy.proc.pid) - proxy_cpu0) / load_s
+                   if proxy is not None and proxy.proc else 0.0)
     idle_cores = (_idle_s() - idle0) / load_s
     sent = [results.get(timeout=60) for _ in procs]
     for p in procs:
@@ -438,6 +470,12 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
     scraper.stop.set()
     scraper.join(timeout=30)
     hwm_mib = _proc_kib(pid, "VmHWM") / 1024
+    proxy_refused = 0.0
+    if proxy is not None:
+        proxy_refused = sum(s.value for fam in text_string_to_metric_families(proxy.metrics())
+                            if fam.name == "haproxy_frontend_http_responses"
+                            for s in fam.samples if s.labels.get("code") == "5xx")
+        assert proxy.stop() in (0, -15), "the admission proxy did not stop on SIGTERM"
     code, stderr = mon.stop()
 
     codes: Counter[str] = Counter({f"http_{c}": n for c, n in lg["codes"].items()})
@@ -449,7 +487,7 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
     ratio = offered_rps / max(capacity, flood_accepted_rps, 1e-9)
     lg_cores = lg["cpu_s"] / lg["duration_s"]
     # share of the flood the generator's connections spent waiting for an answer
-    waiting = offered_rps * lg["latency_ms"]["mean"] / 1000 / FLOOD_CONNS
+    waiting = offered_rps * lg["latency_ms"]["mean"] / 1000 / flood_conns
     lat = sorted(during)
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
     dropped = {lab["reason"]: v for n, lab, v in samples
@@ -461,7 +499,9 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
     print(f"capacity burst ({BURST_CONNS} connections, {burst['duration_s']:.1f} s): "
           f"{capacity:.0f} requests/s accepted (~{capacity * spans_per_request:.0f} spans/s), "
           f"answers {burst['codes']}; monitor CPU {burst_cpu:.2f} cores")
-    print(f"flood ({FLOOD_CONNS} connections, {lg['duration_s']:.1f} s): offered "
+    print(f"front: {front}" + (f" (HAProxy {proxy_cores:.2f} cores; its 5xx answers "
+                                f"{proxy_refused:.0f})" if front == "admission" else ""))
+    print(f"flood ({flood_conns} connections, {lg['duration_s']:.1f} s): offered "
           f"{offered_rps:.0f} requests/s, accepted {flood_accepted_rps:.0f}/s: offered / "
           f"capacity x{ratio:.1f} (target x{TARGET_RATIO:g}); answers {lg['codes']}, "
           f"errors {lg['errors']}, connections opened {lg['connections_opened']}, latency "
@@ -470,7 +510,7 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
           f"{lg_cores:.2f} (its connections waiting for answers {waiting:.0%} of the time), "
           f"gRPC senders {max(0.0, senders_cores - lg_cores):.2f}, machine "
           f"idle {idle_cores:.2f} of {os.cpu_count()}")
-    print(f"all receivers: accepted {accepted / LOAD_SECONDS:.0f} spans/s; answers "
+    print(f"all receivers: accepted {accepted / load_seconds:.0f} spans/s; answers "
           f"{dict(codes)}; 503/UNAVAILABLE without a retry hint: {no_hint}; rejected "
           f"{rejected}")
     print(f"memory: idle {idle_kib / 1024:.0f} MiB, VmRSS max "
@@ -501,10 +541,22 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
         (scraper.failures[:3], scraper.regressions[:3])
     assert p99 < 1.0
     assert value(samples, "assaywatch_runs_total", agent=GOOD_AGENT) == good.runs
-    assert dropped.get("sender_quota", 0) > 0
+    if front == "monitor":
+        # the flood's orphan traces, accepted at the monitor's pace, fill the assembler's
+        # byte budget and are evicted by their own sender's quota, not the good agent's
+        # (through the proxy the monitor accepts less of the flood, and its budget holds)
+        assert dropped.get("sender_quota", 0) > 0
     assert accepted_after < 5 and counted_after is not None and counted_after < 10
     assert drained_after is not None
-    if ratio < TARGET_RATIO:
+    if front == "admission":
+        # the claim: through the admission proxy the senders offer >= 10x the capacity,
+        # refused at the door (HAProxy's counter) and answered with retry hints (above)
+        assert proxy_refused > 0
+        assert ratio >= TARGET_RATIO, (
+            f"offered x{ratio:.1f} the capacity through the admission proxy; load "
+            f"generator {lg_cores:.2f} cores, HAProxy {proxy_cores:.2f}, monitor "
+            f"{flood_cpu:.2f}, idle {idle_cores:.2f}")
+    elif ratio < TARGET_RATIO:
         # Honest about the cause. The generator is not the limit when it used little CPU
         # and its connections spent nearly all the flood waiting for the monitor's
         # answers (Little's law: requests/s x mean latency / connections); otherwise
@@ -517,7 +569,7 @@ def test_overload_at_ten_times_capacity_keeps_memory_metrics_and_other_senders_i
             f"offered load x{ratio:.1f} the capacity, not x{TARGET_RATIO:g}: the monitor "
             f"answered {offered_rps:.0f} requests/s in all ({flood_accepted_rps:.0f} "
             f"accepted, capacity {capacity:.0f}/s) using {flood_cpu:.2f} cores, while the "
-            f"load generator used {lg_cores:.2f} cores and its {FLOOD_CONNS} connections "
+            f"load generator used {lg_cores:.2f} cores and its {flood_conns} connections "
             f"waited for answers {waiting:.0%} of the time ({idle_cores:.2f} of "
             f"{os.cpu_count()} cores idle), refusing {refused_share:.0%} of all answers: "
             "the monitor bounds the ratio, one Python process that still reads every "

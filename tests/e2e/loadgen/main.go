@@ -83,6 +83,8 @@ func main() {
 	ctype := flag.String("content-type", "application/x-protobuf", "Content-Type header")
 	timeout := flag.Float64("timeout", 30, "seconds a request may take")
 	seed := flag.Int64("seed", 1, "random seed of the trace ids")
+	local := flag.String("local", "", "source IP address of the connections (e.g. 127.0.0.2: "+
+		"a sender distinct from others on loopback)")
 	flag.Parse()
 	if *url == "" || *dir == "" || *conns < 1 || *duration <= 0 {
 		fmt.Fprintln(os.Stderr, "usage: loadgen -url URL -dir DIR [-duration S] [-conns N]")
@@ -101,6 +103,15 @@ func main() {
 	head := "POST " + path + " HTTP/1.1\r\nHost: " + hostport + "\r\nContent-Type: " + *ctype +
 		"\r\nUser-Agent: assaywatch-loadgen\r\nContent-Length: "
 	limit := time.Duration(*timeout * float64(time.Second))
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	if *local != "" {
+		ip := net.ParseIP(*local)
+		if ip == nil {
+			fmt.Fprintln(os.Stderr, "loadgen: -local must be an IP address, got", *local)
+			os.Exit(2)
+		}
+		dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
 
 	start := time.Now()
 	deadline := start.Add(time.Duration(*duration * float64(time.Second)))
@@ -112,7 +123,7 @@ func main() {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			w.run(hostport, head, bodies, i, *seed, limit, start, deadline)
+			w.run(dialer, hostport, head, bodies, i, *seed, limit, start, deadline)
 		}(i)
 	}
 	wg.Wait()
@@ -186,7 +197,7 @@ type conn struct {
 	r *bufio.Reader
 }
 
-func (w *worker) run(hostport, head string, bodies []body, i int, seed int64,
+func (w *worker) run(dialer *net.Dialer, hostport, head string, bodies []body, i int, seed int64,
 	limit time.Duration, start, deadline time.Time) {
 	rng := rand.New(rand.NewSource(seed*1000 + int64(i)))
 	bufs := make([][]byte, len(bodies))
@@ -212,7 +223,7 @@ func (w *worker) run(hostport, head string, bodies []body, i int, seed int64,
 			}
 		}
 		if cn.c == nil {
-			c, err := net.DialTimeout("tcp", hostport, 5*time.Second)
+			c, err := dialer.Dial("tcp", hostport)
 			if err != nil {
 				w.errs["dial_"+errKind(err)]++
 				time.Sleep(10 * time.Millisecond)
