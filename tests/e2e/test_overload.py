@@ -1,7 +1,7 @@
-"""Overload: a real monitor at (at least, see below) ten times its capacity for 60 s.
+"""Overload: a real monitor at ten times its capacity, through the admission proxy.
 
 A load generator written in Go (``tests/e2e/loadgen``, built by the test, standard
-library only) posts pre-encoded OTLP/HTTP requests back to back from 32 keep-alive
+library only) posts pre-encoded OTLP/HTTP requests back to back from keep-alive
 connections without honouring any retry hint (a flood, not an exporter): realistic
 9-span runs whose spans carry ~8 KB of attribute content (prompt and output messages),
 and orphan spans of one service (traces whose parents never arrive, so they stay pending
@@ -9,29 +9,36 @@ until ``max_age_seconds``). Python sender processes flood the gRPC receiver the 
 Meanwhile a well-behaved agent sends one run a second and retries what is refused, and
 Prometheus is imitated by a scrape every 0.5 s. The queue between receivers and
 pipeline is bounded in bytes (``ingest.queue_max_bytes``, the default 64 MiB; its span
-bound is far away). Checked:
+bound is far away).
 
-* capacity: first a short saturating burst of the same requests measures what the monitor
-  accepts (200 answers per second); during the flood the generator's answered requests
-  per second (whatever the answer: a refused request is offered load too) must be at
-  least :data:`TARGET_RATIO` times that (or than what it accepts during the flood, when
-  more). Below it, and only when the generator itself was not the limit (it used less
-  than half a core), the test is marked xfail with the measured figures: the ratio is
-  then bounded by how much a refusal costs the monitor (see monitor/README.md "Memory
-  and overload"), not by the sender;
+Two fronts (the ``front`` parameter): ``admission``, the senders go through the shipped
+admission proxy (``deploy/admission/haproxy.cfg`` in a real HAProxy, 60 s, 128 flood
+connections from their own source address 127.0.0.2); ``monitor``, straight at the
+monitor's receivers (30 s, 32 connections). Checked:
+
+* capacity: first a short saturating burst of the same requests straight at the monitor
+  measures what it accepts (200 answers per second); during the flood the generator's
+  answered requests per second (whatever the answer: a refused request is offered load
+  too) must be at least :data:`TARGET_RATIO` times that (or than what it accepts during
+  the flood, when more). Through the proxy this is asserted. Straight at the monitor,
+  below it, and only when the generator itself was not the limit (it used less than half
+  a core), the test is marked xfail with the measured figures: the ratio is then bounded
+  by how much a refusal costs the monitor (see monitor/README.md "Memory and overload"),
+  not by the sender;
 * peak RSS (VmHWM) stays within :data:`RSS_BOUND_MIB` (the stated budget, see below);
 * every refusal is retryable: 503 with ``Retry-After`` over HTTP, ``UNAVAILABLE`` with a
   ``RetryInfo`` over gRPC; nothing else but successes, and no connection errors;
 * ``/metrics`` answers with p99 < 1 s, and no counter goes backwards between scrapes;
-* every run of the well-behaved agent is counted while the flood lasts (the flood's
-  traces are evicted by its own sender quota, ``sender_quota``);
+* every run of the well-behaved agent is counted while the flood lasts (straight at the
+  monitor, the flood's traces are evicted by its own sender quota, ``sender_quota``);
 * recovery: after the load stops, a fresh run is accepted at once and counted within
   seconds, and the pending traces drain.
 
-The test skips only when the ``go`` command is missing (CI has Go). It builds with the
-default build cache and the flags of ``deploy/collector/build.sh`` (``CGO_ENABLED=0``,
-``-trimpath``), so on CI the standard library is already compiled; a cold cache adds
-~15 s of CPU. The numbers measured are printed (``pytest -s``).
+The test skips only when the ``go`` command (or, for the proxy, ``haproxy``) is missing
+(CI has both). It builds with the default build cache and the flags of
+``deploy/collector/build.sh`` (``CGO_ENABLED=0``, ``-trimpath``), so on CI the standard
+library is already compiled; a cold cache adds ~15 s of CPU. The numbers measured are
+printed (``pytest -s``).
 """
 
 from __future__ import annotations
