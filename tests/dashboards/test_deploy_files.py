@@ -51,13 +51,16 @@ def _k8s() -> dict[tuple[str, str], dict[str, Any]]:
     return objects
 
 
-def _check_monitor_args(args: list[str], where: str) -> None:
-    """The real CLI parser accepts the arguments and every listener binds 0.0.0.0."""
+def _check_monitor_args(args: list[str], where: str,
+                        listeners: dict[str, str] | None = None) -> None:
+    """The real CLI parser accepts the arguments and every listener binds 0.0.0.0 (or the
+    address ``listeners`` gives it)."""
     parsed = build_parser().parse_args(args)
     assert parsed.command == "monitor", where
     assert parsed.state_dir == "/var/lib/assaywatch", where
     for flag, port in MONITOR_PORTS.items():
-        assert getattr(parsed, flag) == f"0.0.0.0:{port}", (where, flag)
+        expected = (listeners or {}).get(flag, f"0.0.0.0:{port}")
+        assert getattr(parsed, flag) == expected, (where, flag)
 
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix()
@@ -172,15 +175,37 @@ def test_kubernetes_objects_reference_each_other() -> None:
     objects = _k8s()
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
-        assert (K8S / resource).is_file(), resource
+        assert (K8S / resource).is_file() or (K8S / resource / "kustomization.yaml").is_file(), \
+            resource
+    assert "../admission" in kustomization["resources"]
     sts = objects[("StatefulSet", "assaywatch-monitor")]
     pod = sts["spec"]["template"]
     assert sts["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert ("Service", sts["spec"]["serviceName"]) in objects
-    container = pod["spec"]["containers"][0]
-    _check_monitor_args(container["args"], "StatefulSet args")
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"otlp-grpc": 4317, "otlp-http": 4318, "metrics": 9464}
+    container, admission = pod["spec"]["containers"]
+    # OTLP goes through the admission container (deploy/admission/haproxy.cfg): the monitor's
+    # receivers listen on the pod's loopback, where the proxy's environment sends
+    env = {e["name"]: e["value"] for e in admission["env"]}
+    _check_monitor_args(container["args"], "StatefulSet args",
+                        {"otlp_grpc": env["ASSAYWATCH_MONITOR_GRPC"],
+                         "otlp_http": env["ASSAYWATCH_MONITOR_HTTP"]})
+    assert env["ASSAYWATCH_MONITOR_GRPC"].startswith("127.0.0.1:")
+    assert env["ASSAYWATCH_MONITOR_HTTP"].startswith("127.0.0.1:")
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9464}
+    proxy_ports = {p["name"]: p["containerPort"] for p in admission["ports"]}
+    assert proxy_ports == {"otlp-grpc": 4317, "otlp-http": 4318, "admission": 8405}
+    assert (env["ASSAYWATCH_ADMISSION_GRPC"], env["ASSAYWATCH_ADMISSION_HTTP"],
+            env["ASSAYWATCH_ADMISSION_STATS"]) == ("0.0.0.0:4317", "0.0.0.0:4318",
+                                                    "0.0.0.0:8405")
+    # the proxy reads the shipped file, from the ConfigMap deploy/admission generates
+    mount = next(m for m in admission["volumeMounts"]
+                 if m["mountPath"] == "/usr/local/etc/haproxy")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    generated = yaml.safe_load((DEPLOY / "admission" / "kustomization.yaml").read_text())
+    assert [g["name"] for g in generated["configMapGenerator"]] == [volume["configMap"]["name"]]
+    assert generated["configMapGenerator"][0]["files"] == ["haproxy.cfg"]
+    assert admission["args"] == ["-f", "/usr/local/etc/haproxy/haproxy.cfg"]
+    ports = {**proxy_ports, "metrics": 9464}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert {"cpu", "memory"} <= set(container["resources"]["limits"])
@@ -197,7 +222,8 @@ def test_kubernetes_objects_reference_each_other() -> None:
     service = objects[("Service", "assaywatch-monitor")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= (
         service["metadata"]["labels"].items())
-    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in
-                                                      service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"metrics", "admission"}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in
+                                                                service["spec"]["ports"]}
     assert all(o["metadata"].get("namespace", "assaywatch") == "assaywatch"
                for o in objects.values())
