@@ -12,7 +12,12 @@ requests at once: the proxy's rules say that
   the monitor's 3 s), HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with the
   ``google.rpc.RetryInfo`` the monitor itself sends (1 s);
 * a request that waits 5 s in the queue is refused the same way;
-* nothing is answered otherwise than OK or a retryable refusal.
+* nothing is answered otherwise than OK or a retryable refusal;
+* the real OTLP exporters of the OpenTelemetry SDK (HTTP and gRPC), sending from that
+  heavy sender while the queue is full, are refused (the proxy counts more refusals than
+  the flood received), retry as the hint says and deliver their batch once. (With the
+  door rule disabled, the HTTP case fails: 62 refusals, all the flood's; the gRPC
+  exporter is then refused after 5 s in the queue instead, which passes.)
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.rawotlp import EXPORT_METHOD
 from tests.infra.haproxy import AdmissionProxy, haproxy_binary
@@ -48,11 +55,16 @@ SLOTS = {"http": 4, "grpc": 8}
 QUEUE_TIMEOUT_S = 5.0
 
 
+#: User-Agent of every request that reached the stand-in monitor (both protocols).
+ARRIVED: list[str] = []
+
+
 class _SlowHttp(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        ARRIVED.append(self.headers.get("User-Agent") or "")
         time.sleep(SLOW_S)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
@@ -64,12 +76,14 @@ class _SlowHttp(BaseHTTPRequestHandler):
 
 
 def _slow_export(request: bytes, context: grpc.ServicerContext) -> bytes:
+    ARRIVED.append(dict(context.invocation_metadata()).get("user-agent", ""))
     time.sleep(SLOW_S)
     return b""
 
 
 @pytest.fixture
 def proxy() -> Iterator[AdmissionProxy]:
+    ARRIVED.clear()
     http_port, grpc_port = free_ports(2)
     http = ThreadingHTTPServer(("127.0.0.1", http_port), _SlowHttp)
     http.daemon_threads = True
@@ -162,3 +176,62 @@ def test_grpc_flood_is_refused_at_the_door_with_retry_info(proxy: AdmissionProxy
     finally:
         channel.close()
     _check(results, "OK", "UNAVAILABLE", 1.0, SLOTS["grpc"])
+
+
+def _sdk_spans() -> list[Any]:
+    """Three finished spans of the real SDK (an in-memory exporter collects them)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("admission-test")
+    with tracer.start_as_current_span("invoke_agent support"):
+        for i in range(2):
+            with tracer.start_as_current_span(f"chat {i}"):
+                pass
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_sdk_exporters_wait_out_a_refusal_and_deliver_once(proxy: AdmissionProxy,
+                                                                protocol: str) -> None:
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    if protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        exporter: Any = OTLPSpanExporter(endpoint=f"http://{proxy.http}/v1/traces",
+                                         timeout=30)
+        flood: Any = lambda: _http_post(proxy.http)  # noqa: E731
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+        exporter = GrpcExporter(endpoint=f"http://{proxy.grpc}", insecure=True, timeout=30)
+        channel = grpc.insecure_channel(proxy.grpc, options=[("grpc.enable_http_proxy", 0)])
+        flood = lambda: _grpc_call(channel)  # noqa: E731
+    spans = _sdk_spans()
+    # the same sender floods first: past its 50th request, with the queue full, it is heavy
+    flooded: list[list[tuple[object, object, float]]] = []
+    thread = threading.Thread(target=lambda: flooded.append(_burst(flood, BURST)))
+    thread.start()
+    time.sleep(0.01 * BURST + 0.3)  # every flood request sent (10 ms apart) and queued
+    result = exporter.export(spans)
+    thread.join(timeout=60)
+    exporter.shutdown()
+    if protocol == "grpc":
+        channel.close()
+    assert result is SpanExportResult.SUCCESS
+    sdk = [ua for ua in ARRIVED if ua.startswith("OTel-OTLP-Exporter-Python")]
+    # delivered exactly once, and only once it got through the door
+    assert len(sdk) == 1, ARRIVED
+    # the proxy refused more requests than the flood saw refused: the exporter's
+    refused = sum(x.value for fam in text_string_to_metric_families(proxy.metrics())
+                  if fam.name == "haproxy_frontend_http_responses" for x in fam.samples
+                  if x.labels.get("proxy") == f"otlp_{protocol}"
+                  and x.labels.get("code") == "5xx")
+    flood_refused = sum(r[0] in (503, "UNAVAILABLE") for r in flooded[0])
+    assert refused > flood_refused, (refused, flood_refused)
