@@ -33,7 +33,6 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.rawotlp import EXPORT_METHOD
 from tests.infra.haproxy import AdmissionProxy, haproxy_binary
@@ -229,9 +228,6 @@ def test_the_sdk_exporters_wait_out_a_refusal_and_deliver_once(proxy: AdmissionP
     # delivered exactly once, and only once it got through the door
     assert len(sdk) == 1, ARRIVED
     # the proxy refused more requests than the flood saw refused: the exporter's
-    refused = sum(x.value for fam in text_string_to_metric_families(proxy.metrics())
-                  if fam.name == "haproxy_frontend_http_responses" for x in fam.samples
-                  if x.labels.get("proxy") == f"otlp_{protocol}"
-                  and x.labels.get("code") == "5xx")
+    refused = proxy.answers_5xx(f"otlp_{protocol}")
     flood_refused = sum(r[0] in (503, "UNAVAILABLE") for r in flooded[0])
     assert refused > flood_refused, (refused, flood_refused)

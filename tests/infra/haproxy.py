@@ -17,6 +17,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.infra.kafka import free_ports
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "admission" / "haproxy.cfg"
@@ -76,6 +78,15 @@ class AdmissionProxy:
         with urllib.request.urlopen(f"http://{self.stats}/metrics", timeout=10) as r:
             text: str = r.read().decode()
         return text
+
+    def answers_5xx(self, frontend: str | None = None) -> float:
+        """5xx answers the proxy gave on ``frontend`` (``otlp_http``, ``otlp_grpc``; None:
+        all): its refusals, and the monitor's passed through
+        (``haproxy_frontend_http_responses_total{code="5xx"}``)."""
+        return sum(x.value for fam in text_string_to_metric_families(self.metrics())
+                   if fam.name == "haproxy_frontend_http_responses" for x in fam.samples
+                   if x.labels.get("code") == "5xx"
+                   and frontend in (None, x.labels.get("proxy")))
 
     def stop(self) -> int:
         """Stop (SIGTERM: HAProxy's hard stop; it exits by the signal, -15) and return the
