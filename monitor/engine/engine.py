@@ -225,10 +225,12 @@ class Engine:
             self._ready.set()
 
     def streams(self) -> list[StreamState]:
-        return list(self._streams.values())
+        """The streams, each with its status up to date (verdicts, shifts, budget)."""
+        return [self._settle(st) for st in self._streams.values()]
 
     def stream(self, key: StreamKey) -> StreamState | None:
-        return self._streams.get(key)
+        st = self._streams.get(key)
+        return None if st is None else self._settle(st)
 
     def partition_state(self) -> tuple[dict[StreamKey, StreamState],
                                        dict[tuple[str, str], Baseline]]:
@@ -940,19 +942,23 @@ class Engine:
         st.recent_fps.append(fp)
         fired.extend(self._feed(st, FINGERPRINT,
                                 self._fingerprint_input(st, run, fp) if x is None else x))
-        due = st.monitored_runs % cfg.hotelling_every == 0
-        # The window as a matrix, built once for the Hotelling test and the budget (both
-        # run at the Hotelling cadence only).
-        window = np.array(st.recent_fps) if due and len(st.recent_fps) >= 10 else None
-        if "hotelling" in cfg.detectors and window is not None:
-            ev_h = self._hotelling(st, window)
-            if ev_h is not None:
-                fired.append(("hotelling", ev_h))
-        if due:
-            # the regression verdict's exact power is the costly part: refresh it at the
-            # Hotelling cadence rather than on every run
-            self._pass_rate_verdict(st, base)
-            self._recommend(st, base, window)
+        if st.monitored_runs % cfg.hotelling_every == 0:
+            # The status (the fingerprint verdict and shifts, the pass-rate verdict, the
+            # budget) is refreshed at the Hotelling cadence from the window as it is now.
+            # When the Hotelling test cannot alarm (its share 0, the default) only a reader
+            # needs it: the inputs are kept and the status computed when the stream is
+            # next read (Engine.streams / Engine.stream), the same numbers, once per read
+            # at most instead of once per cadence.
+            rows = tuple(st.recent_fps) if len(st.recent_fps) >= 10 else None
+            due = (base, rows, sum(st.recent_outcomes), len(st.recent_outcomes))
+            if rows is not None and "hotelling" in cfg.detectors \
+                    and self._share("hotelling", base) > 0:
+                st.status_due = None
+                ev_h = self._refresh_status(st, *due)
+                if ev_h is not None:
+                    fired.append(("hotelling", ev_h))
+            else:
+                st.status_due = due
         for name, score in run.scores.items():
             fired.extend(self._score(st, name, score))
         for name, label in run.labels.items():
@@ -1006,13 +1012,37 @@ class Engine:
                     logger.exception("alarm sink failed")
         return events
 
-    def _hotelling(self, st: StreamState, recent: np.ndarray) -> dict[str, Any] | None:
+    def _settle(self, st: StreamState) -> StreamState:
+        """The stream with its status refreshed if a refresh is due (see :meth:`_monitor`)."""
+        due = st.status_due
+        if due is not None:
+            st.status_due = None
+            self._refresh_status(st, *due)
+        return st
+
+    def _refresh_status(self, st: StreamState, base: Baseline,
+                        rows: tuple[np.ndarray, ...] | None, k_c: int,
+                        n_c: int) -> dict[str, Any] | None:
+        """The status from the window as it was at the cadence: ``rows`` (its
+        fingerprints, None under 10) and ``k_c`` passes of the ``n_c`` recent outcomes.
+        Returns the Hotelling test's alarm evidence, if it fired."""
+        # the window as a matrix, built once for the Hotelling test and the budget
+        window = np.array(rows) if rows is not None else None
+        ev = None
+        if "hotelling" in self.config.detectors and window is not None:
+            ev = self._hotelling(st, window, base)
+        # the regression verdict's exact power is the costly part: refreshed at the
+        # Hotelling cadence rather than on every run
+        self._pass_rate_verdict(st, base, k_c, n_c)
+        self._recommend(st, base, window)
+        return ev
+
+    def _hotelling(self, st: StreamState, recent: np.ndarray,
+                   base: Baseline) -> dict[str, Any] | None:
         """The windowed test on ``recent``, the stacked ``st.recent_fps``."""
         cfg = self.config
-        base = st.baseline
-        assert base is not None
         window = len(recent)
-        if window < max(10, cfg.hotelling_window // 4) or st.monitored_runs % cfg.hotelling_every:
+        if window < max(10, cfg.hotelling_window // 4):
             return None
         # One test every `hotelling_every` runs: alpha per test keeps the ARL0 share (0
         # by default: the test is then the fingerprint verdict and the shift gauges only).
@@ -1048,11 +1078,9 @@ class Engine:
         if needs:
             st.recommended_trials = max(needs)
 
-    def _pass_rate_verdict(self, st: StreamState, base: Baseline) -> None:
-        n_c = len(st.recent_outcomes)
+    def _pass_rate_verdict(self, st: StreamState, base: Baseline, k_c: int, n_c: int) -> None:
         if n_c == 0 or base.passes + base.fails == 0:
             return
-        k_c = sum(st.recent_outcomes)
         cfg = self.config
         res = _regression_verdict(base.passes, base.passes + base.fails, k_c, n_c,
                                   cfg.alpha, cfg.beta, cfg.delta)

@@ -218,3 +218,48 @@ def test_worker_calibration_gives_the_inline_alarms_and_run_indices() -> None:
         assert st.monitored_runs == ref.monitored_runs
         assert set(st.watches) == set(ref.watches)
     assert eng.calibrations["computed"] == inline.calibrations["computed"] == 4
+
+
+def _status(st: object) -> tuple[object, ...]:
+    return tuple(getattr(st, name) for name in (
+        "pass_rate_verdict", "fingerprint_verdict", "hotelling_p", "fingerprint_shift",
+        "feature_shift", "recommended_trials"))
+
+
+def test_the_status_is_computed_when_read_as_it_was_at_the_cadence() -> None:
+    """The status refreshed every ``hotelling_every`` runs (verdicts, shifts, budget) waits
+    for a reader while the Hotelling test cannot alarm (its share 0, the default): unread,
+    the stream keeps the window's inputs and no status; read 5 runs after the last cadence,
+    it gives the status of a stream read after every run (computed at that cadence)."""
+    rng = np.random.default_rng(11)
+    runs = simulate_runs(150 + 45, rng, key=KEY, tool_weights=TOOLS)  # cadences: 20, 40
+    eager, lazy = Engine(_cfg()), Engine(_cfg())
+    seen = []
+    for r in runs:
+        eager.process(r)
+        seen.append(_status(eager.stream(KEY)))
+    _feed(lazy, runs)
+    raw = lazy._streams[KEY]
+    assert raw.status_due is not None
+    assert raw.pass_rate_verdict is None and raw.hotelling_p is None
+    st = lazy.stream(KEY)
+    assert st is raw and st.status_due is None
+    assert _status(st) == seen[-1] == seen[150 + 40 - 1]
+    # the cadence at 40 moved the status (the window of 40 runs is the first Hotelling test:
+    # at 20 it is under hotelling_window / 4 = 25 runs)
+    assert seen[150 + 20 - 1][2] is None and seen[-1][2] is not None
+    assert seen[-1][0] is not None and seen[-1][5] is not None
+
+
+def test_a_hotelling_test_with_a_share_of_the_budget_alarms_without_a_reader() -> None:
+    """Given a share of the false-alarm budget the Hotelling test can alarm, so it runs at
+    its cadence whether or not the stream is read: its alarms come out of ``process``."""
+    rng = np.random.default_rng(3)
+    eng = Engine(_cfg(alarm_shares={"cusum_pass_rate": 0.5, "cusum_fingerprint": 0.5,
+                                    "hotelling": 0.5}))
+    _feed(eng, simulate_runs(150, rng, key=KEY, tool_weights=TOOLS))
+    events = _feed(eng, simulate_runs(300, rng, key=KEY, tool_weights={
+        "search": 0.05, "lookup": 0.75, "calc": 0.2}))
+    hotelling = [e.run_index for e in events if e.detector == "hotelling"]
+    assert hotelling and all(i % 20 == 0 for i in hotelling), hotelling
+    assert eng._streams[KEY].status_due is None
