@@ -26,6 +26,10 @@ version's frozen baseline) and, once the baseline is frozen, these detectors:
     Hotelling T^2 of the last ``hotelling_window`` runs against the baseline, every
     ``hotelling_every`` runs: the fingerprint verdict and the per-feature shift gauges;
     an alarm only when ``alarm_shares`` gives it a share (per-test alpha from the share).
+    Without a share, this status (with the pass-rate verdict and the budget, refreshed at
+    the same cadence) is computed when the stream is read (:meth:`Engine.streams`,
+    :meth:`Engine.stream`), from the window kept at the cadence: the same values, computed
+    at most once per read.
 
 Each alarming detector (the two CUSUMs above, and one per evaluator of the baseline: a
 score-drop or label-shift CUSUM, ``detector="evaluation"``) is a **watch** on one of the
