@@ -234,7 +234,14 @@ def overview() -> dict[str, Any]:
             "(POST /api/streams/delete). A steady rate of replaced means more live "
             "stream names than max_streams.",
             [(f"sum by (instance, reason) (rate(assaywatch_streams_removed_total{RATE}))",
-              "{{instance}} {{reason}}")], 24, 6, unit="reqps")
+              "{{instance}} {{reason}}")], 12, 6, unit="reqps")
+    lay.add("timeseries", "Status refreshes waiting",
+            "Streams whose status (verdicts, fingerprint shifts, recommended trials) is due "
+            "for a refresh and still shows an earlier one, per monitor: a scrape computes "
+            "them for at most 0.1 s, the longest due first. A level that does not fall "
+            "means more busy streams than one scrape interval refreshes.",
+            [("sum by (instance) (assaywatch_status_refresh_backlog)", "{{instance}}")],
+            12, 6)
     return dashboard("assaywatch-overview", "assaywatch / Overview",
                      "Every agent stream with its verdicts, alarms, throughput, pass rate and "
                      "coverage.", lay, multi_agent=True)

@@ -55,6 +55,7 @@ METRIC_FAMILIES: dict[str, tuple[str, ...]] = {
     "assaywatch_baseline_runs": ("agent", "version", "scenario"),
     "assaywatch_stream_state": ("agent", "version", "scenario", "state"),
     "assaywatch_calibrations_pending": (),
+    "assaywatch_status_refresh_backlog": (),
     "assaywatch_streams_removed_total": ("reason",),
     "assaywatch_build_info": ("version",),
 }

@@ -205,6 +205,8 @@ class Engine:
         self.removed: Counter[str] = Counter()
         #: streams in order of their latest run (least recently active first)
         self._streams: OrderedDict[StreamKey, StreamState] = OrderedDict()
+        #: streams whose status refresh is due (``StreamState.status_due``), oldest first
+        self._due: OrderedDict[StreamKey, StreamState] = OrderedDict()
         #: the latest time of ``idle_clock`` seen (Unix ns)
         self.now_ns = 0
         self._next_sweep_ns = 0
@@ -224,13 +226,33 @@ class Engine:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_due", OrderedDict(
+            (k, st) for k, st in self._streams.items() if st.status_due is not None))
         self._ready = threading.Event()
         if self._arrived:
             self._ready.set()
 
-    def streams(self) -> list[StreamState]:
-        """The streams, each with its status up to date (verdicts, shifts, budget)."""
-        return [self._settle(st) for st in self._streams.values()]
+    def streams(self, settle: bool = True) -> list[StreamState]:
+        """The streams, each with its status up to date (verdicts, shifts, budget); with
+        ``settle`` False, as they are (after :meth:`settle` with a time budget)."""
+        if settle:
+            self.settle()
+        return list(self._streams.values())
+
+    def settle(self, budget_s: float | None = None) -> int:
+        """Compute the statuses that are due, the longest due first, for at most
+        ``budget_s`` seconds (None: all); returns how many are still due (their streams
+        keep the status of an earlier cadence). The exporters read with a budget, so a
+        scrape never holds the pipeline for the statuses of a whole fleet."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        due = self._due
+        while due:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            key, st = due.popitem(last=False)
+            if self._streams.get(key) is st:  # not removed or re-baselined meanwhile
+                self._settle(st)
+        return len(due)
 
     def stream(self, key: StreamKey) -> StreamState | None:
         st = self._streams.get(key)
@@ -249,6 +271,7 @@ class Engine:
         """Install streams read from a checkpoint, least recently active first (the order
         idle streams are replaced in), their latest frozen baselines and drop counts."""
         self._streams.update(sorted(streams.items(), key=lambda kv: kv[1].last_seen_ns))
+        self._due.update((k, st) for k, st in streams.items() if st.status_due is not None)
         self._latest_frozen.update(latest_frozen)
         self.dropped.update(dropped or {})
 
@@ -958,10 +981,13 @@ class Engine:
             if rows is not None and "hotelling" in cfg.detectors \
                     and self._share("hotelling", base) > 0:
                 st.status_due = None
+                self._due.pop(st.key, None)
                 ev_h = self._refresh_status(st, *due)
                 if ev_h is not None:
                     fired.append(("hotelling", ev_h))
             else:
+                if st.status_due is None:
+                    self._due[st.key] = st
                 st.status_due = due
         for name, score in run.scores.items():
             fired.extend(self._score(st, name, score))
@@ -1021,6 +1047,7 @@ class Engine:
         due = st.status_due
         if due is not None:
             st.status_due = None
+            self._due.pop(st.key, None)
             self._refresh_status(st, *due)
         return st
 

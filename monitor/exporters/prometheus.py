@@ -47,6 +47,10 @@ RECEIVERS = ("otlp_grpc", "otlp_http")
 #: Scrape intervals below this are not planned for (bursts of scrapes by hand)
 MIN_SCRAPE_INTERVAL_S = 0.5
 STREAM_REMOVALS = ("idle", "replaced", "deleted")
+#: Seconds a snapshot spends at most (under the pipeline lock) computing the streams'
+#: statuses that are due (``Engine.settle``); the rest wait for the next snapshot,
+#: counted in ``assaywatch_status_refresh_backlog``
+STATUS_BUDGET_S = 0.1
 
 logger = logging.getLogger(__name__)
 
@@ -460,6 +464,11 @@ class MonitorCollector(Collector):
                                keyed=False)
         for reason in STREAM_REMOVALS:
             removed.add((), (reason,), self.engine.removed.get(reason, 0))
+        backlog = self.engine.settle(STATUS_BUDGET_S)
+        rows.gauge("assaywatch_status_refresh_backlog", "Streams whose status (verdicts, "
+                   "fingerprint shifts, recommended trials) is due for a refresh and still "
+                   "shows an earlier one: a snapshot spends at most 0.1 s computing them, "
+                   "the longest due first.", keyed=False).add((), (), backlog)
         runs = rows.counter("assaywatch_runs", "Assembled runs by outcome.", ("outcome",))
         alarms_total = rows.counter("assaywatch_alarms", "Alarm firings (evaluator: the "
                                     "evaluator of an evaluation alarm, else \"\").",
@@ -508,7 +517,7 @@ class MonitorCollector(Collector):
                             "runs recommended per decision.")
         detectors = [det for det in DETECTORS if det in self.engine.config.detectors]
         monitor_scores = EVALUATION in self.engine.config.detectors
-        for st in self.engine.streams():
+        for st in self.engine.streams(settle=False):
             k = (st.key.agent, st.key.version, st.key.scenario)
             for outcome in ("pass", "fail", "unknown"):
                 runs.add(k, (outcome,), st.outcomes.get(outcome, 0))

@@ -142,8 +142,17 @@ class EngineGroup:
     def calibration_backlog(self) -> int:
         return sum(eng.calibration_backlog for eng in list(self._engines.values()))
 
-    def streams(self) -> list[StreamState]:
-        return [st for eng in list(self._engines.values()) for st in eng.streams()]
+    def streams(self, settle: bool = True) -> list[StreamState]:
+        return [st for eng in list(self._engines.values()) for st in eng.streams(settle)]
+
+    def settle(self, budget_s: float | None = None) -> int:
+        """:meth:`Engine.settle` of each engine in turn, within one budget in all."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        left = 0
+        for eng in list(self._engines.values()):
+            rest = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left += eng.settle(rest)
+        return left
 
     def stream(self, key: StreamKey) -> StreamState | None:
         for eng in list(self._engines.values()):

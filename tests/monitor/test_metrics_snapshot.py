@@ -213,3 +213,34 @@ def test_no_snapshots_are_planned_once_the_scrapes_stop() -> None:
         assert age is not None and age <= 0.4 + 0.2 and time.monotonic() - t0 < 0.5
     finally:
         col.stop()
+
+
+def test_a_snapshot_computes_due_statuses_within_its_budget_and_counts_the_rest(
+        monkeypatch: object) -> None:
+    """Three streams whose status is due (70 runs: frozen at 40, cadences at 10, 20, 30
+    monitored runs, never read). A snapshot with the budget spent at once computes none:
+    the backlog gauge says 3 and no stream has a Hotelling p-value or a recommended budget
+    yet (the status before any cadence); with the shipped budget (0.1 s, far more than 3
+    statuses take) the next snapshot computes all three: backlog 0, both gauges for each."""
+    import assaywatch.monitor.exporters.prometheus as prom
+
+    keys = [StreamKey("agent", "1", s) for s in ("a", "b", "c")]
+    engine = _engine(keys)
+    col = MonitorCollector(engine, IngestCounters())
+
+    def status() -> tuple[float, int, int]:
+        col.refresh(1.0)
+        snap = col._snapshot
+        assert snap is not None
+        samples = _samples(snap.rows.render(col._labels).decode("utf-8"))
+        names = [name for name, _ in samples]
+        return (samples[("assaywatch_status_refresh_backlog", ())],
+                names.count("assaywatch_hotelling_p_value"),
+                names.count("assaywatch_recommended_trials"))
+
+    monkeypatch.setattr(prom, "STATUS_BUDGET_S", 0.0)  # type: ignore[attr-defined]
+    assert status() == (3.0, 0, 0)
+    assert all(st.status_due is not None for st in engine.streams(settle=False))
+    monkeypatch.setattr(prom, "STATUS_BUDGET_S", 0.1)  # type: ignore[attr-defined]
+    assert status() == (0.0, 3, 3)
+    assert all(st.status_due is None for st in engine.streams(settle=False))

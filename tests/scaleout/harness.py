@@ -264,7 +264,9 @@ def alarm_keys(records: Iterable[dict]) -> list[tuple]:
 
 
 def stream_samples(engine: Any) -> list[tuple]:
-    """Every per-stream sample the exporters' collector gives for ``engine``."""
+    """Every per-stream sample the exporters' collector gives for ``engine``, every
+    stream's status computed first (a snapshot's time budget would leave some due)."""
+    engine.settle()
     col = MonitorCollector(engine, IngestCounters())
     out = []
     for fam in col.stream_metrics():
