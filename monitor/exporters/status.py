@@ -53,7 +53,7 @@ from assaywatch.analyzers.model import StreamKey
 from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.exporters.events import EventLog, state_change, token_id
 from assaywatch.monitor.exporters.page import status_page, stream_summary
-from assaywatch.monitor.exporters.prometheus import MonitorCollector
+from assaywatch.monitor.exporters.prometheus import STATUS_BUDGET_S, MonitorCollector
 from assaywatch.monitor.receivers.otlp.http_server import (
     DeadlineRequestHandler,
     HardenedHTTPServer,
@@ -293,8 +293,10 @@ class StatusServer:
         with self._summaries_lock:
             if lock.acquire(timeout=PAGE_LOCK_WAIT_S):
                 try:
+                    # due statuses within the snapshots' budget, as /metrics
+                    self.monitor.engine.settle(STATUS_BUDGET_S)
                     self._summaries = [stream_summary(st, hold)
-                                       for st in self.monitor.engine.streams()]
+                                       for st in self.monitor.engine.streams(settle=False)]
                 finally:
                     lock.release()
             return list(self._summaries)
