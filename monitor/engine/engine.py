@@ -26,10 +26,10 @@ version's frozen baseline) and, once the baseline is frozen, these detectors:
     Hotelling T^2 of the last ``hotelling_window`` runs against the baseline, every
     ``hotelling_every`` runs: the fingerprint verdict and the per-feature shift gauges;
     an alarm only when ``alarm_shares`` gives it a share (per-test alpha from the share).
-    Without a share, this status (with the pass-rate verdict and the budget, refreshed at
-    the same cadence) is computed when the stream is read (:meth:`Engine.streams`,
-    :meth:`Engine.stream`), from the window kept at the cadence: the same values, computed
-    at most once per read.
+    The pass-rate verdict and the budget, refreshed at the same cadence, and the Hotelling
+    test itself when it has no share, are computed when the stream is read
+    (:meth:`Engine.streams`, :meth:`Engine.stream`, :meth:`Engine.settle`), from the
+    window kept at the cadence: the same values, computed at most once per read.
 
 Each alarming detector (the two CUSUMs above, and one per evaluator of the baseline: a
 score-drop or label-shift CUSUM, ``detector="evaluation"``) is a **watch** on one of the
@@ -976,19 +976,19 @@ class Engine:
             # needs it: the inputs are kept and the status computed when the stream is
             # next read (Engine.streams / Engine.stream), the same numbers, once per read
             # at most instead of once per cadence.
+            # When it can alarm, the Hotelling test runs now; the rest waits all the same.
             rows = tuple(st.recent_fps) if len(st.recent_fps) >= 10 else None
-            due = (base, rows, sum(st.recent_outcomes), len(st.recent_outcomes))
+            tested = False
             if rows is not None and "hotelling" in cfg.detectors \
                     and self._share("hotelling", base) > 0:
-                st.status_due = None
-                self._due.pop(st.key, None)
-                ev_h = self._refresh_status(st, *due)
+                tested = True
+                ev_h = self._hotelling(st, np.array(rows), base)
                 if ev_h is not None:
                     fired.append(("hotelling", ev_h))
-            else:
-                if st.status_due is None:
-                    self._due[st.key] = st
-                st.status_due = due
+            if st.status_due is None:
+                self._due[st.key] = st
+            st.status_due = (base, rows, sum(st.recent_outcomes), len(st.recent_outcomes),
+                             tested)
         for name, score in run.scores.items():
             fired.extend(self._score(st, name, score))
         for name, label in run.labels.items():
@@ -1052,21 +1052,19 @@ class Engine:
         return st
 
     def _refresh_status(self, st: StreamState, base: Baseline,
-                        rows: tuple[np.ndarray, ...] | None, k_c: int,
-                        n_c: int) -> dict[str, Any] | None:
+                        rows: tuple[np.ndarray, ...] | None, k_c: int, n_c: int,
+                        tested: bool = False) -> None:
         """The status from the window as it was at the cadence: ``rows`` (its
-        fingerprints, None under 10) and ``k_c`` passes of the ``n_c`` recent outcomes.
-        Returns the Hotelling test's alarm evidence, if it fired."""
+        fingerprints, None under 10) and ``k_c`` passes of the ``n_c`` recent outcomes;
+        ``tested``: the Hotelling test already ran at the cadence (it could alarm)."""
         # the window as a matrix, built once for the Hotelling test and the budget
         window = np.array(rows) if rows is not None else None
-        ev = None
-        if "hotelling" in self.config.detectors and window is not None:
-            ev = self._hotelling(st, window, base)
+        if not tested and "hotelling" in self.config.detectors and window is not None:
+            self._hotelling(st, window, base)  # no share of the budget: never an alarm
         # the regression verdict's exact power is the costly part: refreshed at the
         # Hotelling cadence rather than on every run
         self._pass_rate_verdict(st, base, k_c, n_c)
         self._recommend(st, base, window)
-        return ev
 
     def _hotelling(self, st: StreamState, recent: np.ndarray,
                    base: Baseline) -> dict[str, Any] | None:

@@ -130,8 +130,9 @@ class StreamState:
     coverage: CoverageTracker | None = None
     recommended_trials: int | None = None
     #: a status refresh not computed yet (the inputs of ``Engine._refresh_status``: the
-    #: baseline, the window's fingerprints, its passes and outcomes at the cadence), done
-    #: when the stream is next read through ``Engine.streams`` / ``Engine.stream``
+    #: baseline, the window's fingerprints, its passes and outcomes at the cadence, and
+    #: whether the Hotelling test already ran then), done when the stream is next read
+    #: through ``Engine.streams`` / ``Engine.stream`` / ``Engine.settle``
     status_due: tuple[Any, ...] | None = None
     #: the latest alarm onset of each detector: ``run_index``, ``time_ns`` (the end time of
     #: the run that raised it), ``run_id`` and ``moved`` (what the detector saw move)

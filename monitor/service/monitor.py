@@ -172,7 +172,7 @@ class Monitor:
         if self.onsets is not None:
             self.onsets.load(saved.get("events_offset") if saved else None)
         if saved:
-            logger.info("resumed %d streams from %s", len(self.engine.streams()),
+            logger.info("resumed %d streams from %s", len(self.engine.streams(settle=False)),
                         self.store.path)
         if self.wal is not None:
             self.pipeline.processed = processed

@@ -253,7 +253,8 @@ def test_the_status_is_computed_when_read_as_it_was_at_the_cadence() -> None:
 
 def test_a_hotelling_test_with_a_share_of_the_budget_alarms_without_a_reader() -> None:
     """Given a share of the false-alarm budget the Hotelling test can alarm, so it runs at
-    its cadence whether or not the stream is read: its alarms come out of ``process``."""
+    its cadence whether or not the stream is read: its alarms come out of ``process`` and
+    its p-value is there unread; the pass-rate verdict and the budget still wait."""
     rng = np.random.default_rng(3)
     eng = Engine(_cfg(alarm_shares={"cusum_pass_rate": 0.5, "cusum_fingerprint": 0.5,
                                     "hotelling": 0.5}))
@@ -262,4 +263,8 @@ def test_a_hotelling_test_with_a_share_of_the_budget_alarms_without_a_reader() -
         "search": 0.05, "lookup": 0.75, "calc": 0.2}))
     hotelling = [e.run_index for e in events if e.detector == "hotelling"]
     assert hotelling and all(i % 20 == 0 for i in hotelling), hotelling
-    assert eng._streams[KEY].status_due is None
+    raw = eng._streams[KEY]
+    assert raw.hotelling_p is not None and raw.recommended_trials is None
+    assert raw.status_due is not None and raw.status_due[-1] is True
+    st = eng.stream(KEY)
+    assert st is not None and st.recommended_trials is not None and st.status_due is None
