@@ -972,11 +972,10 @@ class Engine:
         if st.monitored_runs % cfg.hotelling_every == 0:
             # The status (the fingerprint verdict and shifts, the pass-rate verdict, the
             # budget) is refreshed at the Hotelling cadence from the window as it is now.
-            # When the Hotelling test cannot alarm (its share 0, the default) only a reader
-            # needs it: the inputs are kept and the status computed when the stream is
-            # next read (Engine.streams / Engine.stream), the same numbers, once per read
-            # at most instead of once per cadence.
-            # When it can alarm, the Hotelling test runs now; the rest waits all the same.
+            # Only a reader needs it: the inputs are kept and the status computed when the
+            # stream is next read (Engine.streams / stream / settle), the same numbers, at
+            # most once per read instead of once per cadence. A Hotelling test with a share
+            # of the budget can alarm: it alone runs now.
             rows = tuple(st.recent_fps) if len(st.recent_fps) >= 10 else None
             tested = False
             if rows is not None and "hotelling" in cfg.detectors \
