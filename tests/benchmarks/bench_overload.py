@@ -18,7 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.e2e.rawotlp import value
-from tests.e2e.test_overload import GOOD_AGENT, RSS_BOUND_MIB, TARGET_RATIO, run_overload
+from tests.e2e.test_overload import (
+    ALLOWED_ANSWERS,
+    GOOD_AGENT,
+    RSS_BOUND_MIB,
+    TARGET_RATIO,
+    run_overload,
+)
 
 
 def main() -> None:
@@ -30,7 +36,6 @@ def main() -> None:
             for f in finalizers:
                 f()
     counted = value(m.samples, "assaywatch_runs_total", agent=GOOD_AGENT)
-    allowed = {"http_200", "http_503", "grpc_OK", "grpc_UNAVAILABLE"}
     rows = [
         ("offered / capacity", f"x{m.ratio:.1f}", f"x{TARGET_RATIO:g} (met only through "
          "the admission proxy)"),
@@ -41,7 +46,7 @@ def main() -> None:
         ("monitor CPU during the flood", f"{m.flood_cpu:.2f} cores", "-"),
         ("peak RSS (VmHWM)", f"{m.hwm_mib:.0f} MiB", f"<= {RSS_BOUND_MIB} MiB"),
         ("answers other than 200/OK/503/UNAVAILABLE; refusals without a retry hint",
-         f"{sorted(set(m.codes) - allowed)}; {m.no_hint}", "none; 0"),
+         f"{sorted(set(m.codes) - ALLOWED_ANSWERS)}; {m.no_hint}", "none; 0"),
         ("/metrics p99; counter regressions",
          f"{m.p99 * 1000:.0f} ms; {len(m.scraper.regressions)}", "< 1000 ms; 0"),
         ("well-behaved agent's runs counted", f"{counted:.0f} of {m.good.runs}", "all"),
