@@ -226,8 +226,9 @@ class Engine:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("_due", OrderedDict(
-            (k, st) for k, st in self._streams.items() if st.status_due is not None))
+        if "_due" not in state:  # an engine pickled before statuses waited for a reader
+            self._due = OrderedDict(
+                (k, st) for k, st in self._streams.items() if st.status_due is not None)
         self._ready = threading.Event()
         if self._arrived:
             self._ready.set()
