@@ -6,7 +6,7 @@ processor, OTLP/gRPC exporter) sends the runs of three streams (scenarios ``stea
 each. All three pass 90% of their runs (``assaywatch.evaluation.passed``) from start to end.
 A span processor of the agent hands the root ``invoke_agent`` span of each finished run
 (trace id, span id, scenario, index) to a SEPARATE judge process
-(tests/e2e/evaluation_judge.py) which, 1-60 s later (uniform), emits one
+(tests/e2e/evaluation_judge.py) which, 1-30 s later (uniform), emits one
 ``gen_ai.evaluation.result`` event named ``helpfulness`` on that span's context through its
 own ``LoggerProvider`` and the real OTLP log exporter. Scores are lumpy (45% exactly 1.0, the
 rest on 0.5-0.9). From run ``CHANGE_AT`` on -- after the streams' baselines froze -- two
@@ -16,7 +16,7 @@ judges score about 0.1 lower, pass rates unchanged:
 - ``lumpy``: the same share of perfect 1.0 marks, the other answers much worse (the way an
   LLM judge's scores usually fall).
 
-The scenario runs once (about 2.5 minutes, module fixture); the tests check its parts:
+The scenario runs once (about 1.5 minutes, module fixture); the tests check its parts:
 every evaluation joined its run late and was counted (as a score of its stream, or, for a
 learning run judged after its baseline froze, set aside as
 ``spans_dropped_total{reason="evaluation_of_learning_run"}``); each evaluator was learned into its
@@ -56,11 +56,11 @@ EVALUATOR = "helpfulness"
 STEADY, NOTCH, LUMPY = "steady", "notch", "lumpy"
 SCENARIOS = (STEADY, NOTCH, LUMPY)
 #: Runs per second of each stream.
-RATE = 16.0
-#: Runs of each stream learned into its baseline: 40 s at RATE, after which about a third
-#: of their scores have arrived (1-60 s delays); the rest arrive while it is monitored.
+RATE = 32.0
+#: Runs of each stream learned into its baseline: 20 s at RATE, after which about a third
+#: of their scores have arrived (1-30 s delays); the rest arrive while it is monitored.
 LEARN = 640
-#: Runs of each stream: 60 s of runs after the baseline.
+#: Runs of each stream: 30 s of runs after the baseline.
 RUNS = LEARN + 960
 #: First run scored lower by the changed judges.
 CHANGE_AT = LEARN
@@ -72,7 +72,7 @@ EVALUATOR_SHARE = 1 / 3
 CONFIDENCE = 1 - (1 - 0.9) / 3
 MIN_DROP = 0.1
 SEED = 16
-MIN_DELAY, MAX_DELAY = 1.0, 60.0
+MIN_DELAY, MAX_DELAY = 1.0, 30.0
 #: Post-change scores within which a drop of ``MIN_DROP`` must raise the alarm. From the
 #: detector: its mean delay is ``h`` over its log-growth per post-change score (printed;
 #: about 7.5 / 0.03 = 250 scores on the lumpy drop with a baseline of ~200 scores, 70 on
@@ -383,7 +383,7 @@ def test_every_evaluation_joins_its_run_and_is_counted(live: dict[str, Any]) -> 
     assert live["counted"] == {sc: RUNS - late_learning[sc] for sc in SCENARIOS}, \
         (live["counted"], late_learning)
     joins = live["joins"]
-    # the judge answers 1-60 s after the run: after its trace closed (grace 0.5 s)
+    # the judge answers 1-30 s after the run: after its trace closed (grace 0.5 s)
     assert joins["late"] + joins["on_trace"] == len(SCENARIOS) * RUNS, joins
     assert joins["late"] >= 0.99 * len(SCENARIOS) * RUNS, joins
     assert joins["unmatched"] == joins["invalid"] == joins["waiting_limit"] == 0, joins
