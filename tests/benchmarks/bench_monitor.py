@@ -14,6 +14,10 @@ monitor's one-core rate; it is reported beside two ceilings measured in the same
 same requests: protobuf ``ParseFromString`` alone, and parse + walking every attribute into
 Python (``decode_proto_request``).
 
+The same replayed paths are then run against a second monitor with a state dir
+(``--state-dir``, as deploy/'s manifests run it): each accepted batch is then encoded and
+written to the write-ahead log before its answer (monitor/README "Durability").
+
 Also measured: peak RSS (``VmHWM``) of a fresh monitor holding 10,000 pending traces, and
 ``/metrics`` scrape time with 1,000 streams, each with a frozen baseline and its detectors.
 Goals: end to end >= 50% of the parse+walk ceiling; RSS <= 200 MB; scrape <= 500 ms.
@@ -138,11 +142,11 @@ def proc_status(pid: int, field: str) -> int:
     return 0
 
 
-def start_monitor(config: str, tmp: Path, name: str) -> MonitorProcess:
+def start_monitor(config: str, tmp: Path, name: str, *args: str) -> MonitorProcess:
     """Start a monitor subprocess (its stderr goes to a file, so logging never blocks)."""
     p = tmp / f"{name}.yaml"
     p.write_text(config)
-    return MonitorProcess("--config", str(p), "--log-level", "WARNING").start()
+    return MonitorProcess("--config", str(p), "--log-level", "WARNING", *args).start()
 
 
 def stop_monitor(mon: MonitorProcess) -> None:
@@ -277,10 +281,16 @@ detectors:
 """
 
 
-def throughput(tmp: Path, pool: RequestPool, pinned: bool) -> list[tuple[str, float, float,
-                                                                        float, int]]:
-    """(path, sender-accepted spans/s, end-to-end spans/s, runs/s, back-pressure answers)."""
-    mon = start_monitor(THROUGHPUT_CONFIG, tmp, "throughput")
+def throughput(tmp: Path, pool: RequestPool, pinned: bool, durable: bool = False,
+               ) -> list[tuple[str, float, float, float, int]]:
+    """(path, sender-accepted spans/s, end-to-end spans/s, runs/s, back-pressure answers);
+    ``durable``: the monitor with a state dir (``--state-dir``, as deploy/ runs it), so
+    every accepted batch is written to the write-ahead log before its answer, and without
+    the real SDK's row."""
+    extra = ("--state-dir", str(tmp / "state")) if durable else ()
+    mon = start_monitor(THROUGHPUT_CONFIG, tmp, "throughput-durable" if durable
+                        else "throughput", *extra)
+    suffix = ", state dir" if durable else ""
     rows = []
     try:
         assert mon.proc is not None
@@ -305,8 +315,10 @@ def throughput(tmp: Path, pool: RequestPool, pinned: bool) -> list[tuple[str, fl
             done = wait_runs(mon, before + n * RUNS_PER_REQUEST)
             spans = n * RUNS_PER_REQUEST * SPANS_PER_RUN
             e2e = max(1e-9, done - t0 - GRACE)
-            rows.append((name, spans / dt, spans / e2e, n * RUNS_PER_REQUEST / e2e, retries))
-        rows.append(sdk_path(mon))
+            rows.append((name + suffix, spans / dt, spans / e2e, n * RUNS_PER_REQUEST / e2e,
+                         retries))
+        if not durable:
+            rows.append(sdk_path(mon))
     finally:
         stop_monitor(mon)
     return rows
@@ -438,6 +450,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         rows = throughput(tmp, pool, pinned)
+        durable_rows = throughput(tmp, pool, pinned, durable=True)
         idle, hwm, rss, pending = pending_rss(tmp, pool)
         times, size, with_baseline = scrape_times(tmp, pool)
     if pinned:
@@ -446,14 +459,17 @@ def main() -> None:
     where = "monitor pinned to 1 core, sender on another" if pinned else "not pinned"
     print(f"throughput ({where}); 9-span runs, {RUNS_PER_REQUEST * SPANS_PER_RUN} spans "
           f"per request, {SENDER_THREADS} sender threads")
-    print(f"{'path':34s} {'sent spans/s':>13s} {'e2e spans/s':>12s} {'runs/s':>8s} "
+    print(f"{'path':40s} {'sent spans/s':>13s} {'e2e spans/s':>12s} {'runs/s':>8s} "
           f"{'% parse':>8s} {'% parse+walk':>13s} {'503/UNAVAIL':>12s}")
-    print(f"{'ceiling: ParseFromString':34s} {parse_rate:13,.0f} {'':>12s} "
+    print(f"{'ceiling: ParseFromString':40s} {parse_rate:13,.0f} {'':>12s} "
           f"{parse_rate / SPANS_PER_RUN:8,.0f}")
-    print(f"{'ceiling: decode_proto_request':34s} {walk_rate:13,.0f} {'':>12s} "
+    print(f"{'ceiling: decode_proto_request':40s} {walk_rate:13,.0f} {'':>12s} "
           f"{walk_rate / SPANS_PER_RUN:8,.0f}")
     for name, sent, e2e, runs, retries in rows:
-        print(f"{name:34s} {sent:13,.0f} {e2e:12,.0f} {runs:8,.0f} "
+        print(f"{name:40s} {sent:13,.0f} {e2e:12,.0f} {runs:8,.0f} "
+              f"{100 * e2e / parse_rate:7.1f}% {100 * e2e / walk_rate:12.1f}% {retries:12d}")
+    for name, sent, e2e, runs, retries in durable_rows:
+        print(f"{name:40s} {sent:13,.0f} {e2e:12,.0f} {runs:8,.0f} "
               f"{100 * e2e / parse_rate:7.1f}% {100 * e2e / walk_rate:12.1f}% {retries:12d}")
     best = max(e2e for name, _, e2e, _, _ in rows if "replayed" in name)
     print()
