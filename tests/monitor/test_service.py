@@ -282,6 +282,54 @@ def test_wal_round_trips_span_records_without_pickle(tmp_path) -> None:
     assert b"\x80\x05" not in raw[:2] and b"cbuiltins" not in raw  # JSON, not pickle
 
 
+def test_wal_keeps_the_values_orjson_cannot_write(tmp_path) -> None:
+    """orjson writes the log's records, except a batch it would write inexactly: a NaN or
+    an infinity (orjson writes null), anywhere in the attributes, a lone surrogate or an
+    integer beyond 64 bits (orjson refuses them). Each comes back as it went in."""
+    import math
+
+    from assaywatch.monitor.receivers.spans import SpanEvent, SpanRecord
+    from assaywatch.monitor.service.wal import WriteAheadLog, encode_batch
+
+    def batch(attrs: dict, events: list | None = None) -> list[SpanRecord]:
+        return [SpanRecord("a" * 32, "b" * 16, "", "step", 1, 2, 1, 0, "", attrs,
+                           events or [], {"service.name": "svc"}, "scope")]
+
+    cases = {
+        "plain": batch({"gen_ai.usage.cost": 0.25, "n": 3, "s": "x", "ok": True}),
+        "nan": batch({"cost": float("nan"), "n": 3}),
+        "inf in an array": batch({"l": (1.5, float("-inf"))}),
+        "inf in a map": batch({"m": {"k": float("inf")}}),
+        "nan in an event": batch({}, [SpanEvent("ev", 5, {"x": float("nan")})]),
+        "lone surrogate": batch({"s": "a\ud800b"}),
+        "integer beyond 64 bits": batch({"big": 2**70, "neg": -(2**70)}),
+    }
+    wal = WriteAheadLog(tmp_path, fsync_seconds=0)
+    wal.open()
+    for spans in cases.values():
+        wal.append(encode_batch("otlp_http", spans))
+    wal.close()
+    read = [spans for _, _, spans in WriteAheadLog(tmp_path).read_from((0, 0))]
+    assert len(read) == len(cases)
+
+    def same(x: object, y: object) -> bool:
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x):
+            return math.isnan(y)
+        if isinstance(x, (tuple, list)) and isinstance(y, (tuple, list)):
+            return type(x) is type(y) and len(x) == len(y) and all(map(same, x, y))
+        if isinstance(x, dict) and isinstance(y, dict):
+            return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        return type(x) is type(y) and x == y
+
+    for (name, sent), got in zip(cases.items(), read, strict=True):
+        (s,), (g,) = sent, got
+        assert same(s.attributes, g.attributes), (name, s.attributes, g.attributes)
+        assert [same(e.attributes, f.attributes) for e, f in zip(s.events, g.events,
+                                                                 strict=True)] \
+            == [True] * len(s.events), name
+        assert (g.trace_id, g.name, g.resource) == (s.trace_id, s.name, s.resource), name
+
+
 def test_wal_torn_tail_is_skipped(tmp_path) -> None:
     from assaywatch.monitor.service.wal import WriteAheadLog, encode_batch
     from tests.monitor.spanfactory import SpanFactory, tool_agent
