@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import tracemalloc
 from typing import Any
 
@@ -29,7 +30,11 @@ from assaywatch.monitor.receivers.otlp.decode import (
     decode_proto_request,
 )
 from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
+from assaywatch.monitor.service.wal import decode_batch, encode_batch
 
+#: The record fields the write-ahead log keeps (events compared on their own).
+SPAN_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "kind",
+               "status_code", "status_message", "attributes", "resource", "scope_name")
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 CAPS = {"max_spans": 50, "max_elements": 5_000}
@@ -127,6 +132,59 @@ def test_json_decoder_never_crashes_and_sanitises(doc: dict[str, Any], raw: bool
         assert err.status in (400, 413)
         return
     check_sanitised(result)
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal values of equal types, a NaN equal to a NaN."""
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x):
+        return math.isnan(y)
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
+        return type(x) is type(y) and len(x) == len(y) and all(map(_same, x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return list(x) == list(y) and all(_same(x[k], y[k]) for k in x)
+    return type(x) is type(y) and x == y
+
+
+#: Spans the decoder keeps (valid ids and times) with hostile attribute values.
+KEPT_ATTRS = st.lists(st.fixed_dictionaries({"key": KEYS, "value": st.one_of(
+    st.fixed_dictionaries({"doubleValue": st.sampled_from([math.nan, math.inf, -math.inf])
+                           | st.floats()}),
+    st.fixed_dictionaries({"intValue": st.integers(-(2**63), 2**63 - 1)}),
+    st.fixed_dictionaries({"bytesValue": st.sampled_from(["", "AAE=", "/w=="])}),
+    JSON_VALUE)}), min_size=1, max_size=6)
+KEPT_DOC = st.fixed_dictionaries({"resourceSpans": st.lists(st.fixed_dictionaries({
+    "resource": st.fixed_dictionaries({"attributes": KEPT_ATTRS}),
+    "scopeSpans": st.lists(st.fixed_dictionaries({"spans": st.lists(st.fixed_dictionaries({
+        "traceId": st.just("5b8efff798038103d269b633813fc60c"),
+        "spanId": st.sampled_from(["eee19b7ec3c1b174", "0102030405060708"]),
+        "name": TEXT, "startTimeUnixNano": st.integers(1, 2**62),
+        "endTimeUnixNano": st.integers(1, 2**62), "attributes": KEPT_ATTRS,
+        "events": st.lists(st.fixed_dictionaries({"name": TEXT, "timeUnixNano": TIME,
+                                                  "attributes": KEPT_ATTRS}), max_size=2),
+    }), min_size=1, max_size=3)}), min_size=1, max_size=2),
+}), min_size=1, max_size=2)})
+
+
+@seed(20260518)
+@FUZZ
+@given(doc=KEPT_DOC | JSON_DOC)
+def test_every_decoded_batch_comes_back_from_the_write_ahead_log(doc: dict[str, Any]) -> None:
+    """What the JSON decoder accepts from a hostile document (floats NaN and infinite,
+    integers of any size, bytes, nested arrays and maps) is written to the write-ahead log
+    (orjson, or json where orjson would not write it exactly) and read back equal."""
+    body = json.dumps(doc, allow_nan=True).encode()
+    try:
+        result = decode_json_request(body, DecodeLimits(), max_spans=CAPS["max_spans"],
+                                     max_values=CAPS["max_elements"])
+    except DecodeError:
+        return
+    receiver, back = decode_batch(encode_batch("otlp_http", result.spans))
+    assert receiver == "otlp_http" and len(back) == len(result.spans)
+    for sent, got in zip(result.spans, back, strict=True):
+        assert _same([getattr(sent, f) for f in SPAN_FIELDS],
+                     [getattr(got, f) for f in SPAN_FIELDS])
+        assert _same([(e.name, e.time_ns, e.attributes) for e in sent.events],
+                     [(e.name, e.time_ns, e.attributes) for e in got.events])
 
 
 def _any_value(depth: int) -> Any:
