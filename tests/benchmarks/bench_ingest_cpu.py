@@ -22,9 +22,9 @@ machine does not count):
 ``write-ahead log``
     Only with a state dir (``--state-dir``, as deploy/ runs the monitor), so not in the
     sum: ``encode_batch`` and ``WriteAheadLog.append`` of the decoded batch to a log in
-    a temporary directory, as ``Pipeline.offer`` does before acknowledging it (fsync once a
-    second, the default, is left to the log's own thread and not timed). Printed
-    beside the sum with the share it implies.
+    a temporary directory, as ``Pipeline.offer`` does before acknowledging it (the fsync
+    once a second, the default, is the log's own thread's: its little CPU time lands in
+    whichever stage runs meanwhile). Printed beside the sum with the share it implies.
 
 The ceiling is ``bench_monitor``'s: ``decode_proto_request(body)`` with default limits
 (every attribute). Its CPU time per span over the sum of the stages is the share of the
