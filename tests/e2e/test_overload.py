@@ -93,7 +93,8 @@ FLOOD_SOURCE = "127.0.0.2"
 #: Offered load during the flood, in multiples of the capacity measured.
 TARGET_RATIO = 10.0
 #: gRPC calls in flight per Python sender process (2 processes: 8 calls, below the
-#: receiver's 16 concurrent RPCs, above which grpc itself answers RESOURCE_EXHAUSTED).
+#: receiver's 16 calls in progress or waiting, above which it answers UNAVAILABLE with the
+#: retry hint, counted as decoder_busy).
 GRPC_THREADS = 4
 SCRAPE_EVERY = 0.5
 GOOD_AGENT = "good-agent"

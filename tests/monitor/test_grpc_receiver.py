@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -151,6 +152,87 @@ def test_real_exporter_retries_after_unavailable_and_succeeds(server: Any) -> No
     # exponential backoff (1 s, 2 s): so between 0.2 s and well under 1 s.
     assert 2 * rec.retry_delay_s <= elapsed < 1.0
     assert counters.rejected[(R, "pipeline_full")] == 2 * len(spans)
+
+
+class BlockingSink(Sink):
+    """Holds every offer until ``release`` is set: the workers stay busy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def offer(self, spans: list[Any], receiver: str) -> bool:
+        assert self.release.wait(20)
+        return super().offer(spans, receiver)
+
+
+def _call_all(port: int, body: bytes, n: int, timeout: float) -> list[Any]:
+    """``n`` calls at once, each on its own channel: (code, trailers) each."""
+    out: list[Any] = []
+    lock = threading.Lock()
+    start = threading.Barrier(n)
+
+    def one() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = ch.unary_unary(METHOD)
+            grpc.channel_ready_future(ch).result(timeout=10)
+            start.wait()
+            try:
+                call(body, timeout=timeout)
+                got = (grpc.StatusCode.OK, {})
+            except grpc.RpcError as err:
+                got = (err.code(), dict(err.trailing_metadata() or ()))
+        with lock:
+            out.append(got)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return [threads, out]
+
+
+def test_calls_beyond_the_cap_are_told_to_retry_and_counted() -> None:
+    """30 calls at once at 2 workers and a cap of 4 calls in progress or waiting: the 4
+    first are served, every other is answered UNAVAILABLE with the retry hint (never
+    grpc's RESOURCE_EXHAUSTED, which OTLP clients do not retry) and counted as
+    decoder_busy; calls that gave up while waiting are counted out, so the cap is free
+    again after them."""
+    sink, counters = BlockingSink(), IngestCounters()
+    rec = GrpcReceiver(sink, counters, port=0, max_workers=2, max_concurrent_rpcs=4,
+                       retry_delay_s=0.1)
+    port = rec.start()
+    try:
+        body = _bytes(sdk_spans(1))
+        threads, out = _call_all(port, body, 30, timeout=15)
+        time.sleep(1.0)  # every call has arrived; the two workers wait on the sink
+        sink.release.set()
+        for t in threads:
+            t.join(20)
+        codes = [c for c, _ in out]
+        assert len(codes) == 30
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
+        assert codes.count(grpc.StatusCode.OK) == 4, codes
+        assert counters.rejected[(R, "decoder_busy")] == codes.count(grpc.StatusCode.UNAVAILABLE)
+        for code, trailers in out:
+            if code is grpc.StatusCode.UNAVAILABLE:
+                retry = error_details_pb2.RetryInfo.FromString(
+                    trailers["google.rpc.retryinfo-bin"])
+                assert retry.retry_delay.ToTimedelta().total_seconds() == pytest.approx(0.1)
+        assert sink.offers == 4
+        # calls that time out while they wait are counted out: afterwards the cap is free
+        sink.release.clear()
+        threads, out = _call_all(port, body, 4, timeout=0.5)
+        for t in threads:
+            t.join(20)
+        assert [c for c, _ in out] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 4
+        sink.release.set()
+        time.sleep(0.5)  # the workers finish the calls their clients gave up on
+        busy = counters.rejected[(R, "decoder_busy")]
+        assert_still_serving(port, sink)
+        assert counters.rejected[(R, "decoder_busy")] == busy
+    finally:
+        sink.release.set()
+        rec.stop(0)
 
 
 def test_invalid_constructor_arguments_raise() -> None:

@@ -23,9 +23,25 @@ message over the size cap       ``RESOURCE_EXHAUSTED``, no RetryInfo (counted as
 too many spans or messages      ``RESOURCE_EXHAUSTED``, no RetryInfo
                                 (``max_spans_per_request``, the sink's capacity,
                                 ``max_request_elements``)
-more than ``max_concurrent_rpcs``  ``RESOURCE_EXHAUSTED`` from grpc itself
+more than ``max_concurrent_rpcs``  ``UNAVAILABLE`` + ``google.rpc.RetryInfo``,
+in progress or waiting          undecoded, counted as ``decoder_busy`` (one per request)
+more than ``max_queued_rpcs``   ``RESOURCE_EXHAUSTED`` from grpc itself (a flood:
+                                see the admission proxy, monitor/README.md)
 pipeline full (offer False)     ``UNAVAILABLE`` + ``google.rpc.RetryInfo`` (retried)
 ==============================  ===================================================
+
+**Calls beyond the cap.** Which answer a call gets is decided when it arrives (a server
+interceptor, on grpc's polling thread): with ``max_concurrent_rpcs`` calls already in
+progress or waiting for a worker (counted by the worker pool itself, so a call cancelled
+while it waits is still counted out), the call is answered ``UNAVAILABLE`` with the retry
+hint when a worker reaches it, its message received and dropped undecoded; grpc's own
+limit, which answers RESOURCE_EXHAUSTED (not retried by the OTLP specification), is set
+far above, at ``max_queued_rpcs``. A waiting call holds little memory: the server's
+HTTP/2 flow control lets a client send at most :data:`STREAM_WINDOW_BYTES` of a message
+ahead of its worker (bandwidth-delay probing, which grows that window to the message size,
+is off): 200 calls waiting with 4 MiB messages took 23 MiB, where 60 took 250 MiB with
+probing on. Over a long network path a stream then moves at most 64 KiB per round trip
+(0.5 MiB in about 0.4 s at 50 ms).
 
 RESOURCE_EXHAUSTED without RetryInfo is not retryable by the OTLP specification (the
 Python exporter retries it anyway, with backoff).
@@ -43,8 +59,9 @@ INVALID_ARGUMENT with a reason rather than grpc's generic deserialization failur
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -82,11 +99,22 @@ GRPC_RECEIVER = "otlp_grpc"
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 #: Fully-qualified gRPC service name of the OTLP logs service.
 LOGS_SERVICE_NAME = "opentelemetry.proto.collector.logs.v1.LogsService"
+TRACE_METHOD = f"/{SERVICE_NAME}/Export"
+LOGS_METHOD = f"/{LOGS_SERVICE_NAME}/Export"
 _R = TypeVar("_R")
 #: gRPC's limit on sent messages; OTLP asks responses to stay below 4 MiB.
 _MAX_SEND_BYTES = 4 * 1024 * 1024
-#: Default cap on calls in progress or waiting for a worker (grpc maximum_concurrent_rpcs).
+#: Default cap on calls in progress or waiting for a worker; more are answered UNAVAILABLE
+#: with the retry hint (``decoder_busy``).
 DEFAULT_MAX_CONCURRENT_RPCS = 16
+#: Default of grpc's own limit (``maximum_concurrent_rpcs``), above which grpc answers
+#: RESOURCE_EXHAUSTED before any code of ours runs.
+DEFAULT_MAX_QUEUED_RPCS = 256
+#: Bytes of a message a client may send ahead of the worker that reads it (HTTP/2 stream
+#: window): what a waiting call holds at most (``grpc.http2.lookahead_bytes``).
+STREAM_WINDOW_BYTES = 64 * 1024
+#: Counter reason of a call refused for the cap (the same as OTLP/HTTP's).
+DECODER_BUSY = "decoder_busy"
 
 
 def _retry_metadata(delay_s: float, message: str) -> tuple[tuple[str, bytes], ...]:
@@ -100,6 +128,54 @@ def _retry_metadata(delay_s: float, message: str) -> tuple[tuple[str, bytes], ..
         ("google.rpc.retryinfo-bin", retry.SerializeToString()),
         ("grpc-status-details-bin", status.SerializeToString()),
     )
+
+
+class _CountingPool(ThreadPoolExecutor):
+    """The server's worker pool, counting the calls grpc handed it that have not finished:
+    in progress or waiting for a worker. Every task grpc submits runs to its end, a call
+    cancelled while it waited included (grpc's task then skips the handler), so the count
+    never leaks."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._count_lock = threading.Lock()
+        self.pending = 0
+
+    def submit(self, fn: Callable[..., _R], /, *args: Any, **kwargs: Any,
+               ) -> Future[_R]:
+        with self._count_lock:
+            self.pending += 1
+
+        def task() -> _R:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._count_lock:
+                    self.pending -= 1
+
+        try:
+            return super().submit(task)
+        except BaseException:  # shut down: the task will never run
+            with self._count_lock:
+                self.pending -= 1
+            raise
+
+
+class _Admission(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Decides, as a call arrives, whether it is served or told to retry (module doc)."""
+
+    def __init__(self, pool: _CountingPool, cap: int, busy: dict[str, Any]) -> None:
+        self.pool = pool
+        self.cap = cap
+        self.busy = busy
+
+    def intercept_service(self, continuation: Callable[[Any], Any],
+                          details: Any) -> Any:
+        if self.pool.pending >= self.cap:
+            handler = self.busy.get(details.method)
+            if handler is not None:
+                return handler
+        return continuation(details)
 
 
 class GrpcReceiver:
@@ -132,9 +208,14 @@ class GrpcReceiver:
         builds them); more, or more spans (evaluation records) than the sink's
         ``capacity_spans``, is RESOURCE_EXHAUSTED.
     max_concurrent_rpcs:
-        Calls in progress or queued for a worker (default 16); grpc answers more with
-        RESOURCE_EXHAUSTED. With grpc's receive limit at twice ``max_message_bytes``,
-        received messages never hold more than 16 x 16 MiB.
+        Calls in progress or waiting for a worker (default 16); a call arriving beyond
+        them is answered UNAVAILABLE with the retry hint, undecoded (``decoder_busy``).
+        Workers read at most ``max_workers`` messages at once, each under grpc's receive
+        limit of twice ``max_message_bytes``.
+    max_queued_rpcs:
+        grpc's own limit on calls (default 256), above which it answers
+        RESOURCE_EXHAUSTED itself; each waiting call holds at most
+        :data:`STREAM_WINDOW_BYTES` of its message.
     """
 
     def __init__(
@@ -150,6 +231,7 @@ class GrpcReceiver:
         max_spans_per_request: int = DEFAULT_MAX_SPANS,
         max_request_elements: int = DEFAULT_MAX_ELEMENTS,
         max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
+        max_queued_rpcs: int = DEFAULT_MAX_QUEUED_RPCS,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"GrpcReceiver port must be in 0..65535, got {port}")
@@ -164,6 +246,10 @@ class GrpcReceiver:
                             ("max_concurrent_rpcs", max_concurrent_rpcs)):
             if value < 1:
                 raise ValueError(f"GrpcReceiver {name} must be >= 1, got {value}")
+        if max_queued_rpcs < max_concurrent_rpcs:
+            raise ValueError(f"GrpcReceiver max_queued_rpcs ({max_queued_rpcs}) must be >= "
+                             f"max_concurrent_rpcs ({max_concurrent_rpcs})")
+        self.max_queued_rpcs = max_queued_rpcs
         self.max_spans_per_request = max_spans_per_request
         self.max_request_elements = max_request_elements
         self.max_concurrent_rpcs = max_concurrent_rpcs
@@ -184,10 +270,24 @@ class GrpcReceiver:
         """Bind and start serving; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("GrpcReceiver.start() called twice; call stop() first")
+        pool = _CountingPool(self.max_workers, "otlp-grpc")
+        busy = {
+            TRACE_METHOD: grpc.unary_unary_rpc_method_handler(
+                self._busy, request_deserializer=None,
+                response_serializer=ExportTraceServiceResponse.SerializeToString),
+            LOGS_METHOD: grpc.unary_unary_rpc_method_handler(
+                self._busy_logs, request_deserializer=None,
+                response_serializer=ExportLogsServiceResponse.SerializeToString),
+        }
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="otlp-grpc"),
-            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
+            pool,
+            interceptors=[_Admission(pool, self.max_concurrent_rpcs, busy)],
+            maximum_concurrent_rpcs=self.max_queued_rpcs,
             options=[
+                # A waiting call's message stays with its client beyond the stream
+                # window (module doc): no bandwidth-delay probing to grow it.
+                ("grpc.http2.bdp_probe", 0),
+                ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
                 # Twice the cap: messages between the two reach _handle, which refuses
                 # and counts them; grpc refuses larger ones itself, uncounted.
                 ("grpc.max_receive_message_length", min(2 * self.max_message_bytes, 2**31 - 1)),
@@ -249,6 +349,26 @@ class GrpcReceiver:
         self.stop()
 
     # ------------------------------------------------------------------ the rpc
+
+    def _busy(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
+        """A trace call that arrived beyond ``max_concurrent_rpcs``: retry later."""
+        del data
+        self.counters.add_rejected(GRPC_RECEIVER, DECODER_BUSY, 1)
+        self._refuse_busy(context)
+        raise AssertionError("unreachable: abort raises")
+
+    def _busy_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
+        """A logs call that arrived beyond ``max_concurrent_rpcs``: retry later."""
+        del data
+        self.counters.add_logs_rejected(GRPC_RECEIVER, DECODER_BUSY, 1)
+        self._refuse_busy(context)
+        raise AssertionError("unreachable: abort raises")
+
+    def _refuse_busy(self, context: Any) -> None:
+        message = (f"assaywatch has {self.max_concurrent_rpcs} calls in progress or "
+                   f"waiting; retry in {self.retry_delay_s:g}s")
+        context.set_trailing_metadata(_retry_metadata(self.retry_delay_s, message))
+        context.abort(grpc.StatusCode.UNAVAILABLE, message)
 
     def _export(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
         return self._guarded(self._handle, data, context, self.counters.add_rejected)

@@ -295,6 +295,60 @@ def test_concurrent_gzip_bombs_are_bounded(env: Env) -> None:
     env.bystander.check()
 
 
+def test_concurrent_grpc_calls_beyond_the_cap_are_told_to_retry(env: Env) -> None:
+    """150 gRPC calls at once, each ~0.5 MiB (a run whose prompt is 512 KiB of text): the
+    receiver serves 16 in progress or waiting and answers the others UNAVAILABLE with the
+    retry hint, undecoded, each counted as decoder_busy; none gets grpc's RESOURCE_EXHAUSTED
+    (which OTLP clients do not retry). Memory: the last test's peak RSS."""
+    spans = run_spans("grpcflood", 7, scenario="flood")
+    spans[0].attributes["gen_ai.input.messages"] = "x" * (512 << 10)
+    body = proto_bytes(spans)
+    n = 150
+    codes: list[grpc.StatusCode] = []
+    hints: list[bool] = []
+    lock = threading.Lock()
+    start = threading.Barrier(n)
+
+    def one() -> None:
+        with grpc.insecure_channel(env.mon.addresses["otlp_grpc"], options=[
+                ("grpc.max_send_message_length", 8 << 20)]) as ch:
+            call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/"
+                                  "Export")
+            grpc.channel_ready_future(ch).result(timeout=20)
+            start.wait()
+            try:
+                call(body, timeout=60)
+                code, hint = grpc.StatusCode.OK, False
+            except grpc.RpcError as err:
+                code = err.code()
+                hint = "google.rpc.retryinfo-bin" in dict(err.trailing_metadata() or ())
+        with lock:
+            codes.append(code)
+            hints.append(hint)
+
+    before = env.counters()
+    received = counter(scrape(env.mon.addresses["metrics"]), "assaywatch_spans_received_total",
+                       receiver="otlp_grpc")
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert len(codes) == n
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, set(codes)
+    busy = codes.count(grpc.StatusCode.UNAVAILABLE)
+    assert busy >= 1  # the cap acted
+    assert all(h for c, h in zip(codes, hints, strict=True)
+               if c is grpc.StatusCode.UNAVAILABLE)
+    # the pipeline's queue (64 MiB) never fills with these: every refusal is the cap's
+    assert env.delta(before, REJECTED, "otlp_grpc", "decoder_busy") == busy
+    now = counter(scrape(env.mon.addresses["metrics"]), "assaywatch_spans_received_total",
+                  receiver="otlp_grpc")
+    assert now - received == codes.count(grpc.StatusCode.OK) * len(spans)
+    print(f"{n} calls at once: {n - busy} served, {busy} told to retry")
+    env.bystander.check()
+
+
 def test_slow_drip_clients_do_not_hold_the_receiver(env: Env) -> None:
     host, port = env.mon.addresses["otlp_http"].rsplit(":", 1)
     socks = []
