@@ -235,6 +235,32 @@ def test_calls_beyond_the_cap_are_told_to_retry_and_counted() -> None:
         rec.stop(0)
 
 
+def test_calls_past_grpcs_own_limit_are_counted() -> None:
+    """A cap of 2 calls in progress or waiting and grpc's own limit at 4, 12 calls at once
+    while the workers wait on the sink: 2 are served, 2 told to retry (UNAVAILABLE,
+    decoder_busy) and the 8 others refused by grpc itself (RESOURCE_EXHAUSTED), each of
+    those counted as too_many_calls."""
+    sink, counters = BlockingSink(), IngestCounters()
+    rec = GrpcReceiver(sink, counters, port=0, max_workers=1, max_concurrent_rpcs=2,
+                       max_queued_rpcs=4, retry_delay_s=0.1)
+    port = rec.start()
+    try:
+        threads, out = _call_all(port, _bytes(sdk_spans(1)), 12, timeout=15)
+        time.sleep(1.0)
+        sink.release.set()
+        for t in threads:
+            t.join(20)
+        codes = [c for c, _ in out]
+        assert sorted(codes, key=str) == sorted(
+            [grpc.StatusCode.OK] * 2 + [grpc.StatusCode.UNAVAILABLE] * 2
+            + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 8, key=str), codes
+        assert counters.rejected[(R, "decoder_busy")] == 2
+        assert counters.rejected[(R, "too_many_calls")] == 8
+    finally:
+        sink.release.set()
+        rec.stop(0)
+
+
 def test_invalid_constructor_arguments_raise() -> None:
     with pytest.raises(ValueError, match="port"):
         GrpcReceiver(Sink(), IngestCounters(), port=70000)

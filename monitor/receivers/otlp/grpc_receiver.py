@@ -25,8 +25,9 @@ too many spans or messages      ``RESOURCE_EXHAUSTED``, no RetryInfo
                                 ``max_request_elements``)
 more than ``max_concurrent_rpcs``  ``UNAVAILABLE`` + ``google.rpc.RetryInfo``,
 in progress or waiting          undecoded, counted as ``decoder_busy`` (one per request)
-more than ``max_queued_rpcs``   ``RESOURCE_EXHAUSTED`` from grpc itself (a flood:
-                                see the admission proxy, monitor/README.md)
+more than ``max_queued_rpcs``   ``RESOURCE_EXHAUSTED`` from grpc itself, counted as
+                                ``too_many_calls`` (a flood: see the admission
+                                proxy, monitor/README.md)
 pipeline full (offer False)     ``UNAVAILABLE`` + ``google.rpc.RetryInfo`` (retried)
 ==============================  ===================================================
 
@@ -115,6 +116,8 @@ DEFAULT_MAX_QUEUED_RPCS = 256
 STREAM_WINDOW_BYTES = 64 * 1024
 #: Counter reason of a call refused for the cap (the same as OTLP/HTTP's).
 DECODER_BUSY = "decoder_busy"
+#: Counter reason of a call grpc refused past ``max_queued_rpcs`` (RESOURCE_EXHAUSTED).
+TOO_MANY_CALLS = "too_many_calls"
 
 
 def _retry_metadata(delay_s: float, message: str) -> tuple[tuple[str, bytes], ...]:
@@ -162,18 +165,28 @@ class _CountingPool(ThreadPoolExecutor):
 
 
 class _Admission(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Decides, as a call arrives, whether it is served or told to retry (module doc)."""
+    """Decides, as a call arrives, whether it is served or told to retry (module doc), and
+    counts the calls grpc itself refuses past ``limit``: grpc checks its own count of calls
+    just before this runs, and the pool's count is never above it (a task leaves the pool
+    just before grpc counts its call out), so every call counted here is one grpc refuses;
+    one arriving in the microseconds between the two can be refused uncounted."""
 
-    def __init__(self, pool: _CountingPool, cap: int, busy: dict[str, Any]) -> None:
+    def __init__(self, pool: _CountingPool, cap: int, limit: int, busy: dict[str, Any],
+                 count_refused: dict[str, Callable[[], None]]) -> None:
         self.pool = pool
         self.cap = cap
+        self.limit = limit
         self.busy = busy
+        self.count_refused = count_refused
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           details: Any) -> Any:
-        if self.pool.pending >= self.cap:
+        pending = self.pool.pending
+        if pending >= self.cap:
             handler = self.busy.get(details.method)
             if handler is not None:
+                if pending >= self.limit:
+                    self.count_refused[details.method]()  # grpc answers it, not us
                 return handler
         return continuation(details)
 
@@ -279,9 +292,15 @@ class GrpcReceiver:
                 self._busy_logs, request_deserializer=None,
                 response_serializer=ExportLogsServiceResponse.SerializeToString),
         }
+        refused = {
+            TRACE_METHOD: lambda: self.counters.add_rejected(GRPC_RECEIVER, TOO_MANY_CALLS, 1),
+            LOGS_METHOD: lambda: self.counters.add_logs_rejected(GRPC_RECEIVER, TOO_MANY_CALLS,
+                                                                 1),
+        }
         server = grpc.server(
             pool,
-            interceptors=[_Admission(pool, self.max_concurrent_rpcs, busy)],
+            interceptors=[_Admission(pool, self.max_concurrent_rpcs, self.max_queued_rpcs,
+                                     busy, refused)],
             maximum_concurrent_rpcs=self.max_queued_rpcs,
             options=[
                 # A waiting call's message stays with its client beyond the stream
