@@ -40,9 +40,11 @@ limit, which answers RESOURCE_EXHAUSTED (not retried by the OTLP specification),
 far above, at ``max_queued_rpcs``. A waiting call holds little memory: the server's
 HTTP/2 flow control lets a client send at most :data:`STREAM_WINDOW_BYTES` of a message
 ahead of its worker (bandwidth-delay probing, which grows that window to the message size,
-is off): 200 calls waiting with 4 MiB messages took 23 MiB, where 60 took 250 MiB with
-probing on. Over a long network path a stream then moves at most 64 KiB per round trip
-(0.5 MiB in about 0.4 s at 50 ms).
+is off): 200 calls waiting with 4 MiB messages took 110 MiB, 810 MiB with probing on.
+The window holds a typical exporter batch (~0.5 MiB) whole: at 64 KiB, gRPC calls through
+the admission proxy, which multiplexes them on its HTTP/2 connections to the monitor,
+starved (3-22 served in the overload test's minute instead of ~4,000). A larger message
+takes a round trip per 512 KiB.
 
 RESOURCE_EXHAUSTED without RetryInfo is not retryable by the OTLP specification (the
 Python exporter retries it anyway, with backoff).
@@ -112,8 +114,8 @@ DEFAULT_MAX_CONCURRENT_RPCS = 16
 #: RESOURCE_EXHAUSTED before any code of ours runs.
 DEFAULT_MAX_QUEUED_RPCS = 256
 #: Bytes of a message a client may send ahead of the worker that reads it (HTTP/2 stream
-#: window): what a waiting call holds at most (``grpc.http2.lookahead_bytes``).
-STREAM_WINDOW_BYTES = 64 * 1024
+#: window, ``grpc.http2.lookahead_bytes``): about what a waiting call holds at most.
+STREAM_WINDOW_BYTES = 512 * 1024
 #: Counter reason of a call refused for the cap (the same as OTLP/HTTP's).
 DECODER_BUSY = "decoder_busy"
 #: Counter reason of a call grpc refused past ``max_queued_rpcs`` (RESOURCE_EXHAUSTED).

@@ -296,12 +296,12 @@ def test_concurrent_gzip_bombs_are_bounded(env: Env) -> None:
 
 
 def test_concurrent_grpc_calls_beyond_the_cap_are_told_to_retry(env: Env) -> None:
-    """150 gRPC calls at once, each ~0.5 MiB (a run whose prompt is 512 KiB of text): the
+    """150 gRPC calls at once, each ~70 KiB (a run whose prompt is 64 KiB of text): the
     receiver serves 16 in progress or waiting and answers the others UNAVAILABLE with the
     retry hint, undecoded, each counted as decoder_busy; none gets grpc's RESOURCE_EXHAUSTED
     (which OTLP clients do not retry). Memory: the last test's peak RSS."""
     spans = run_spans("grpcflood", 7, scenario="flood")
-    spans[0].attributes["gen_ai.input.messages"] = "x" * (512 << 10)
+    spans[0].attributes["gen_ai.input.messages"] = "x" * (64 << 10)
     body = proto_bytes(spans)
     n = 150
     codes: list[grpc.StatusCode] = []
