@@ -61,6 +61,7 @@ INVALID_ARGUMENT with a reason rather than grpc's generic deserialization failur
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -286,19 +287,17 @@ class GrpcReceiver:
         if self._server is not None:
             raise RuntimeError("GrpcReceiver.start() called twice; call stop() first")
         pool = _CountingPool(self.max_workers, "otlp-grpc")
-        busy = {
-            TRACE_METHOD: grpc.unary_unary_rpc_method_handler(
-                self._busy, request_deserializer=None,
-                response_serializer=ExportTraceServiceResponse.SerializeToString),
-            LOGS_METHOD: grpc.unary_unary_rpc_method_handler(
-                self._busy_logs, request_deserializer=None,
-                response_serializer=ExportLogsServiceResponse.SerializeToString),
+        # per method: how its refusals are counted, and its response type
+        methods: dict[str, tuple[Callable[..., None], Any]] = {
+            TRACE_METHOD: (self.counters.add_rejected, ExportTraceServiceResponse),
+            LOGS_METHOD: (self.counters.add_logs_rejected, ExportLogsServiceResponse),
         }
-        refused = {
-            TRACE_METHOD: lambda: self.counters.add_rejected(GRPC_RECEIVER, TOO_MANY_CALLS, 1),
-            LOGS_METHOD: lambda: self.counters.add_logs_rejected(GRPC_RECEIVER, TOO_MANY_CALLS,
-                                                                 1),
-        }
+        busy = {method: grpc.unary_unary_rpc_method_handler(
+                    functools.partial(self._busy, count), request_deserializer=None,
+                    response_serializer=response.SerializeToString)
+                for method, (count, response) in methods.items()}
+        refused = {method: functools.partial(count, GRPC_RECEIVER, TOO_MANY_CALLS, 1)
+                   for method, (count, _) in methods.items()}
         server = grpc.server(
             pool,
             interceptors=[_Admission(pool, self.max_concurrent_rpcs, self.max_queued_rpcs,
@@ -371,25 +370,14 @@ class GrpcReceiver:
 
     # ------------------------------------------------------------------ the rpc
 
-    def _busy(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
-        """A trace call that arrived beyond ``max_concurrent_rpcs``: retry later."""
+    def _busy(self, count: Callable[[str, str, int], None], data: bytes,
+              context: Any) -> NoReturn:
+        """A call (trace or logs: ``count`` is its refusal counter) that arrived beyond
+        ``max_concurrent_rpcs``: retry later, its message undecoded."""
         del data
-        self.counters.add_rejected(GRPC_RECEIVER, DECODER_BUSY, 1)
-        self._refuse_busy(context)
-        raise AssertionError("unreachable: abort raises")
-
-    def _busy_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
-        """A logs call that arrived beyond ``max_concurrent_rpcs``: retry later."""
-        del data
-        self.counters.add_logs_rejected(GRPC_RECEIVER, DECODER_BUSY, 1)
-        self._refuse_busy(context)
-        raise AssertionError("unreachable: abort raises")
-
-    def _refuse_busy(self, context: Any) -> None:
-        message = (f"assaywatch has {self.max_concurrent_rpcs} calls in progress or "
-                   f"waiting; retry in {self.retry_delay_s:g}s")
-        context.set_trailing_metadata(_retry_metadata(self.retry_delay_s, message))
-        context.abort(grpc.StatusCode.UNAVAILABLE, message)
+        count(GRPC_RECEIVER, DECODER_BUSY, 1)
+        self._retry_later(context, f"assaywatch has {self.max_concurrent_rpcs} calls in "
+                                   f"progress or waiting; retry in {self.retry_delay_s:g}s")
 
     def _export(self, data: bytes, context: Any) -> ExportTraceServiceResponse:
         return self._guarded(self._handle, data, context, self.counters.add_rejected)
@@ -438,10 +426,14 @@ class GrpcReceiver:
         raise err  # unreachable: abort raises
 
     def _refuse_full(self, context: Any, n: int, what: str) -> None:
-        message = (f"assaywatch pipeline is full; retry in {self.retry_delay_s:g}s "
-                   f"({n} {what} not accepted)")
+        self._retry_later(context, f"assaywatch pipeline is full; retry in "
+                                   f"{self.retry_delay_s:g}s ({n} {what} not accepted)")
+
+    def _retry_later(self, context: Any, message: str) -> NoReturn:
+        """UNAVAILABLE with the retry hint in the trailers (the module docstring)."""
         context.set_trailing_metadata(_retry_metadata(self.retry_delay_s, message))
         context.abort(grpc.StatusCode.UNAVAILABLE, message)
+        raise AssertionError("unreachable: abort raises")
 
     def _handle_logs(self, data: bytes, context: Any) -> ExportLogsServiceResponse:
         """LogsService/Export: evaluation records to the sink, other records counted."""
