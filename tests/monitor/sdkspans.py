@@ -4,6 +4,7 @@ events, resource)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from assaywatch.monitor.receivers.spans import SpanRecord
+
+
+def same_values(x: Any, y: Any) -> bool:
+    """Equal values of equal types (tuples stay tuples, dicts keep their key order), a NaN
+    equal to a NaN: what a stored span record must give back."""
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x):
+        return math.isnan(y)
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
+        return type(x) is type(y) and len(x) == len(y) and all(map(same_values, x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return list(x) == list(y) and all(same_values(x[k], y[k]) for k in x)
+    return type(x) is type(y) and x == y
 
 
 def sdk_spans(n_runs: int = 2,

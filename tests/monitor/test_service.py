@@ -286,10 +286,9 @@ def test_wal_keeps_the_values_orjson_cannot_write(tmp_path) -> None:
     """orjson writes the log's records, except a batch it would write inexactly: a NaN or
     an infinity (orjson writes null), anywhere in the attributes, a lone surrogate or an
     integer beyond 64 bits (orjson refuses them). Each comes back as it went in."""
-    import math
-
     from assaywatch.monitor.receivers.spans import SpanEvent, SpanRecord
     from assaywatch.monitor.service.wal import WriteAheadLog, encode_batch
+    from tests.monitor.sdkspans import same_values
 
     def batch(attrs: dict, events: list | None = None) -> list[SpanRecord]:
         return [SpanRecord("a" * 32, "b" * 16, "", "step", 1, 2, 1, 0, "", attrs,
@@ -312,19 +311,10 @@ def test_wal_keeps_the_values_orjson_cannot_write(tmp_path) -> None:
     read = [spans for _, _, spans in WriteAheadLog(tmp_path).read_from((0, 0))]
     assert len(read) == len(cases)
 
-    def same(x: object, y: object) -> bool:
-        if isinstance(x, float) and isinstance(y, float) and math.isnan(x):
-            return math.isnan(y)
-        if isinstance(x, (tuple, list)) and isinstance(y, (tuple, list)):
-            return type(x) is type(y) and len(x) == len(y) and all(map(same, x, y))
-        if isinstance(x, dict) and isinstance(y, dict):
-            return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
-        return type(x) is type(y) and x == y
-
     for (name, sent), got in zip(cases.items(), read, strict=True):
         (s,), (g,) = sent, got
-        assert same(s.attributes, g.attributes), (name, s.attributes, g.attributes)
-        assert [same(e.attributes, f.attributes) for e, f in zip(s.events, g.events,
+        assert same_values(s.attributes, g.attributes), (name, s.attributes, g.attributes)
+        assert [same_values(e.attributes, f.attributes) for e, f in zip(s.events, g.events,
                                                                  strict=True)] \
             == [True] * len(s.events), name
         assert (g.trace_id, g.name, g.resource) == (s.trace_id, s.name, s.resource), name

@@ -31,6 +31,7 @@ from assaywatch.monitor.receivers.otlp.decode import (
 )
 from assaywatch.monitor.receivers.otlp.decode_json import decode_json_request
 from assaywatch.monitor.service.wal import decode_batch, encode_batch
+from tests.monitor.sdkspans import same_values
 
 #: The record fields the write-ahead log keeps (events compared on their own).
 SPAN_FIELDS = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "kind",
@@ -134,17 +135,6 @@ def test_json_decoder_never_crashes_and_sanitises(doc: dict[str, Any], raw: bool
     check_sanitised(result)
 
 
-def _same(x: Any, y: Any) -> bool:
-    """Equal values of equal types, a NaN equal to a NaN."""
-    if isinstance(x, float) and isinstance(y, float) and math.isnan(x):
-        return math.isnan(y)
-    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
-        return type(x) is type(y) and len(x) == len(y) and all(map(_same, x, y))
-    if isinstance(x, dict) and isinstance(y, dict):
-        return list(x) == list(y) and all(_same(x[k], y[k]) for k in x)
-    return type(x) is type(y) and x == y
-
-
 #: Spans the decoder keeps (valid ids and times) with hostile attribute values.
 KEPT_ATTRS = st.lists(st.fixed_dictionaries({"key": KEYS, "value": st.one_of(
     st.fixed_dictionaries({"doubleValue": st.sampled_from([math.nan, math.inf, -math.inf])
@@ -181,9 +171,9 @@ def test_every_decoded_batch_comes_back_from_the_write_ahead_log(doc: dict[str, 
     receiver, back = decode_batch(encode_batch("otlp_http", result.spans))
     assert receiver == "otlp_http" and len(back) == len(result.spans)
     for sent, got in zip(result.spans, back, strict=True):
-        assert _same([getattr(sent, f) for f in SPAN_FIELDS],
+        assert same_values([getattr(sent, f) for f in SPAN_FIELDS],
                      [getattr(got, f) for f in SPAN_FIELDS])
-        assert _same([(e.name, e.time_ns, e.attributes) for e in sent.events],
+        assert same_values([(e.name, e.time_ns, e.attributes) for e in sent.events],
                      [(e.name, e.time_ns, e.attributes) for e in got.events])
 
 
