@@ -4,12 +4,17 @@ inline, times checked inline, one hex trace id per trace."""
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
 from assaywatch.monitor.receivers.otlp.decode import DecodeLimits, decode_proto_request
+from tests.monitor.decoders import each_decoder  # noqa: F401 (fixture)
+
+# Every test runs with the Python and the compiled protobuf decoder (tests/monitor/decoders.py).
+pytestmark = pytest.mark.usefixtures("each_decoder")
 
 T1 = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
 T2 = bytes.fromhex("1af7651916cd43dd8448eb211c80319d")

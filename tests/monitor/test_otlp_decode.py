@@ -29,6 +29,10 @@ from assaywatch.monitor.receivers.otlp import (
     decode_proto_request,
 )
 from assaywatch.monitor.receivers.spans import SpanRecord
+from tests.monitor.decoders import each_decoder  # noqa: F401 (fixture)
+
+# Every test runs with the Python and the compiled protobuf decoder (tests/monitor/decoders.py).
+pytestmark = pytest.mark.usefixtures("each_decoder")
 
 TID = "0af7651916cd43dd8448eb211c80319c"
 SID = "b7ad6b7169203331"

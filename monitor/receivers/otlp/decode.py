@@ -31,6 +31,8 @@ imports this module; this module holds the shared types and the protobuf path.
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +54,11 @@ from assaywatch.monitor.receivers.otlp.bounds import (
     proto_element_count,
 )
 from assaywatch.monitor.receivers.spans import AttrValue, SpanEvent, SpanRecord
+
+try:  # the optional compiled decoder (native/: ``pip install ./native``, needs Rust)
+    import assaywatch_native as _native_module
+except ImportError:  # pragma: no cover - depends on the install
+    _native_module = None
 
 __all__ = [
     "DEFAULT_MAX_ATTRIBUTES",
@@ -278,6 +285,43 @@ def check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:
 
 # --------------------------------------------------------------------------- protobuf
 
+#: Environment variable that turns the compiled decoder off (``0``) where it is installed.
+NATIVE_ENV = "ASSAYWATCH_NATIVE"
+
+
+def native_available() -> bool:
+    """Whether :func:`decode_proto_request` uses the compiled decoder (``assaywatch_native``,
+    built from native/ with Rust): installed, and not turned off with
+    ``ASSAYWATCH_NATIVE=0`` (read at each call, so a test can compare both paths)."""
+    return _native_module is not None and os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+@functools.lru_cache(maxsize=16)
+def _native_decoder(lim: DecodeLimits) -> Any:
+    assert _native_module is not None
+    keep = None if lim.keep_keys is None else sorted(lim.keep_keys)
+    return _native_module.Decoder(
+        keep, list(lim.keep_prefixes), sorted(LABEL_KEYS), lim.max_value_bytes,
+        lim.max_attributes, lim.max_events, MAX_NAME_CHARS, MIN_TIME_NS, SpanRecord, SpanEvent)
+
+
+def _native_decode(data: bytes | bytearray, lim: DecodeLimits,
+                   max_spans: int | None) -> DecodeResult | None:
+    """The compiled decoder's result: the same records and counters as
+    :func:`records_from_request` on upb's parse (``tests/monitor/test_native_decode.py``).
+    None when its protobuf parser refuses the bytes: upb then decodes them again and has
+    the last word, its message or its records."""
+    try:
+        spans, rejected, limited, sanitised, n_spans = _native_decoder(lim).decode(
+            bytes(data), time.time_ns() + FUTURE_SLACK_NS, max_spans)
+    except ValueError:
+        return None
+    if spans is None:
+        assert max_spans is not None
+        raise _too_many_spans(n_spans, max_spans)
+    return DecodeResult(spans, Counter(rejected), Counter(limited), Counter(sanitised))
+
+
 
 def decode_proto_request(
     data: bytes | bytearray,
@@ -317,6 +361,10 @@ def decode_proto_request(
             )
         if max_spans is not None and n_spans > max_spans:
             raise _too_many_spans(n_spans, max_spans, exact=False)
+    if _native_module is not None and native_available():
+        native = _native_decode(data, limits or DEFAULT_LIMITS, max_spans)
+        if native is not None:
+            return native
     req = ExportTraceServiceRequest()
     try:
         req.ParseFromString(data)

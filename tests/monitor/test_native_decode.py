@@ -1,0 +1,257 @@
+"""The compiled protobuf decoder (native/, ``assaywatch_native``) gives exactly what the
+Python decoder gives: the same records (every field, values of the same types, dict key
+order), the same rejected / limited / sanitised counts, the same errors.
+
+The decoder's own tests run under both decoders (``tests/monitor/decoders.py``); here
+generated requests cover what hand-written cases miss: every AnyValue kind nested in arrays
+and maps, invalid and zero ids, names and label values past 256 characters, values past the
+byte cap, attributes and events past their caps, out-of-range and reversed times, kept and
+skipped keys, and byte-level corruption of valid requests (where both must refuse the same
+bytes with the same message, or decode them to the same records).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
+from assaywatch.monitor.receivers.otlp import decode as decode_module
+from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
+from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, DecodeResult
+from tests.monitor.decoders import NATIVE_INSTALLED
+from tests.monitor.sdkspans import same_values
+
+pytestmark = pytest.mark.skipif(
+    not NATIVE_INSTALLED,
+    reason="the compiled decoder is not installed (pip install ./native, needs Rust)")
+
+LONG_KEY = "x." + "k" * 300
+#: Limits the generated requests are decoded with: the defaults, tiny caps that every
+#: request hits, and the monitor's kept keys (plus a kept key past 256 characters).
+LIMITS = [
+    DecodeLimits(),
+    DecodeLimits(max_value_bytes=6, max_attributes=2, max_events=1),
+    DecodeLimits(keep_keys=frozenset(READ_KEYS) | {LONG_KEY}, keep_prefixes=READ_PREFIXES),
+    DecodeLimits(max_value_bytes=0, max_attributes=0, max_events=0,
+                 keep_keys=frozenset({"gen_ai.agent.name"}), keep_prefixes=("kept.",)),
+]
+KEYS = ["gen_ai.operation.name", "gen_ai.agent.name", "service.name", "gen_ai.usage.input_tokens",
+        "kept.a", "other", "llm.token_count.prompt", LONG_KEY, "", "é.ключ"]
+TEXT = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["chat", "é" * 5, "日本語テキスト", "x" * 300, "é" * 300, "𝄞" * 260]),
+)
+TIMES = [0, MIN_TIME_NS - 1, MIN_TIME_NS, 1_700_000_000 * 10**9, 1_700_000_000 * 10**9 + 7,
+         2**64 - 1]
+
+
+def _any_values() -> st.SearchStrategy[AnyValue]:
+    scalars = st.one_of(
+        TEXT.map(lambda s: AnyValue(string_value=s)),
+        st.booleans().map(lambda b: AnyValue(bool_value=b)),
+        st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+        st.floats(allow_nan=True, allow_infinity=True).map(lambda f: AnyValue(double_value=f)),
+        st.binary(max_size=10).map(lambda b: AnyValue(bytes_value=b)),
+        st.just(AnyValue()),
+        st.just(AnyValue(string_value_strindex=3)),
+    )
+
+    def nest(children: st.SearchStrategy[AnyValue]) -> st.SearchStrategy[AnyValue]:
+        def array(vs: list[AnyValue]) -> AnyValue:
+            v = AnyValue()
+            v.array_value.values.extend(vs)
+            return v
+
+        def kvlist(kvs: list[tuple[str, AnyValue]]) -> AnyValue:
+            v = AnyValue()
+            v.kvlist_value.values.extend(KeyValue(key=k, value=x) for k, x in kvs)
+            return v
+
+        return st.one_of(st.lists(children, max_size=3).map(array),
+                         st.lists(st.tuples(st.sampled_from(KEYS), children),
+                                  max_size=3).map(kvlist))
+
+    return st.recursive(scalars, nest, max_leaves=6)
+
+
+ATTRS = st.lists(st.tuples(st.sampled_from(KEYS), _any_values()), max_size=5).map(
+    lambda kvs: [KeyValue(key=k, value=v) for k, v in kvs])
+IDS16 = st.sampled_from([bytes(range(1, 17)), bytes(range(2, 18)), bytes(16), b"", bytes(15)])
+IDS8 = st.sampled_from([bytes(range(1, 9)), bytes(range(3, 11)), bytes(8), b"", bytes(7)])
+
+
+@st.composite
+def _spans(draw: Any) -> Span:
+    sp = Span(trace_id=draw(IDS16), span_id=draw(IDS8), parent_span_id=draw(IDS8),
+              name=draw(TEXT), kind=draw(st.integers(-2, 7)),
+              start_time_unix_nano=draw(st.sampled_from(TIMES)),
+              end_time_unix_nano=draw(st.sampled_from(TIMES)))
+    sp.attributes.extend(draw(ATTRS))
+    for _ in range(draw(st.integers(0, 3))):
+        ev = sp.events.add(name=draw(TEXT), time_unix_nano=draw(st.sampled_from(TIMES)))
+        ev.attributes.extend(draw(ATTRS))
+    if draw(st.booleans()):
+        sp.status.CopyFrom(Status(code=draw(st.integers(-1, 4)), message=draw(TEXT)))
+    if draw(st.booleans()):
+        link = sp.links.add(trace_id=draw(IDS16), span_id=draw(IDS8), trace_state="k=v")
+        link.attributes.extend(draw(ATTRS))
+    return sp
+
+
+@st.composite
+def _requests(draw: Any) -> bytes:
+    req = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(0, 3))):
+        rs = req.resource_spans.add()
+        if draw(st.booleans()):
+            rs.resource.attributes.extend(draw(ATTRS))
+        for _ in range(draw(st.integers(0, 2))):
+            ss = rs.scope_spans.add()
+            if draw(st.booleans()):
+                ss.scope.name = draw(TEXT)
+            ss.spans.extend(draw(st.lists(_spans(), max_size=4)))
+    return req.SerializeToString()
+
+
+def _decode(data: bytes, limits: DecodeLimits, native: bool,
+            monkeypatch: pytest.MonkeyPatch, **caps: Any) -> DecodeResult | DecodeError:
+    monkeypatch.setenv(decode_module.NATIVE_ENV, "1" if native else "0")
+    try:
+        return decode_module.decode_proto_request(data, limits, **caps)
+    except DecodeError as exc:
+        return exc
+
+
+def _fields(r: Any) -> tuple[Any, ...]:
+    return (r.trace_id, r.span_id, r.parent_span_id, r.name, r.start_ns, r.end_ns, r.kind,
+            r.status_code, r.status_message, r.attributes,
+            [(e.name, e.time_ns, e.attributes) for e in r.events], r.resource, r.scope_name)
+
+
+def assert_same(py: DecodeResult | DecodeError, nat: DecodeResult | DecodeError) -> None:
+    if isinstance(py, DecodeError) or isinstance(nat, DecodeError):
+        assert isinstance(py, DecodeError) and isinstance(nat, DecodeError), (py, nat)
+        assert (py.reason, py.message, py.status) == (nat.reason, nat.message, nat.status)
+        return
+    assert len(py.spans) == len(nat.spans)
+    for a, b in zip(py.spans, nat.spans, strict=True):
+        assert same_values(_fields(a), _fields(b)), (_fields(a), _fields(b))
+        assert type(b) is type(a)
+    # spans of one ResourceSpans share one resource dict in both
+    assert ([id(s.resource) for s in py.spans].count(id(py.spans[0].resource))
+            == [id(s.resource) for s in nat.spans].count(id(nat.spans[0].resource))
+            if py.spans else True)
+    assert (py.rejected, py.limited, py.sanitised) == (nat.rejected, nat.limited, nat.sanitised)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=_requests(), which=st.integers(0, len(LIMITS) - 1))
+def test_generated_requests_decode_the_same_with_both_decoders(
+        data: bytes, which: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = LIMITS[which]
+    py = _decode(data, limits, False, monkeypatch)
+    assert isinstance(py, DecodeResult)  # a valid request
+    assert_same(py, _decode(data, limits, True, monkeypatch))
+
+
+def test_a_request_past_max_spans_is_refused_the_same_way(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    req = ExportTraceServiceRequest()
+    spans = req.resource_spans.add().scope_spans.add().spans
+    for i in range(5):
+        spans.add(trace_id=bytes(range(1, 17)), span_id=bytes([i + 1]) * 8, name="s")
+    data = req.SerializeToString()
+    for native in (False, True):
+        out = _decode(data, DecodeLimits(), native, monkeypatch, max_spans=4)
+        assert isinstance(out, DecodeError)
+        assert (out.reason, out.status) == ("too_many_spans", 413)
+        assert "request holds 5 spans, more than the 4" in out.message
+        ok = _decode(data, DecodeLimits(), native, monkeypatch, max_spans=5)
+        assert isinstance(ok, DecodeResult) and len(ok.spans) == 5
+
+
+def test_corrupted_requests_are_refused_or_decoded_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,500 valid requests with 1-4 random bytes replaced, cut or a wrong wire type: both
+    decoders refuse the same ones with the same message and decode the others alike."""
+    rng = random.Random(20261204)
+    bases = [_seeded_request(seed) for seed in range(30)]
+    refused = decoded = 0
+    for i in range(1500):
+        base = bytearray(bases[i % len(bases)])
+        if not base:
+            continue
+        for _ in range(rng.randint(1, 4)):
+            base[rng.randrange(len(base))] = rng.randrange(256)
+        if i % 7 == 0:
+            base = base[: rng.randrange(len(base))]
+        data = bytes(base)
+        limits = LIMITS[i % len(LIMITS)]
+        py = _decode(data, limits, False, monkeypatch)
+        assert_same(py, _decode(data, limits, True, monkeypatch))
+        refused += isinstance(py, DecodeError)
+        decoded += isinstance(py, DecodeResult)
+    # both outcomes happen, so both branches of the comparison were exercised
+    assert refused > 100 and decoded > 100, (refused, decoded)
+
+
+def _seeded_request(seed: int) -> bytes:
+    """A valid request of a few spans with every value kind, built from ``seed``."""
+    rng = random.Random(seed)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = f"svc-{seed}"
+    ss = rs.scope_spans.add()
+    ss.scope.name = "scope"
+    for j in range(rng.randint(1, 4)):
+        sp = ss.spans.add(trace_id=bytes(range(seed % 7 + 1, seed % 7 + 17)),
+                          span_id=bytes([j + 1]) * 8, parent_span_id=b"" if j == 0 else b"\1" * 8,
+                          name=rng.choice(["chat m", "execute_tool t", "é" * 10]),
+                          kind=rng.randint(0, 5), start_time_unix_nano=TIMES[3],
+                          end_time_unix_nano=TIMES[3] + rng.randint(0, 10**9))
+        sp.attributes.add(key="gen_ai.operation.name").value.string_value = "chat"
+        sp.attributes.add(key="gen_ai.usage.input_tokens").value.int_value = rng.randint(0, 10**6)
+        sp.attributes.add(key="kept.f").value.double_value = rng.random()
+        sp.attributes.add(key="kept.b").value.bool_value = True
+        arr = sp.attributes.add(key="kept.arr").value.array_value.values
+        arr.add().string_value = "a"
+        arr.add().bytes_value = b"\0\1"
+        ev = sp.events.add(name="gen_ai.choice", time_unix_nano=TIMES[3])
+        ev.attributes.add(key="other").value.string_value = "x"
+        sp.status.message = "failed"
+        sp.status.code = 2
+    return req.SerializeToString()
+
+
+def test_a_wrong_wire_type_and_invalid_utf8_are_judged_as_upb_judges_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hand-made edge cases of the protobuf format: a known field with another wire type,
+    invalid UTF-8 in a string field the decoder does not read (a link's trace state),
+    an unknown field, an empty message."""
+    good = _seeded_request(1)
+    cases = {
+        # field 1 (resource_spans, a message) as a varint
+        "wrong_wire_type": bytes([0x08, 0x01]) + good,
+        # an unknown field 99 (varint) before a valid request
+        "unknown_field": bytes([0x98, 0x06, 0x01]) + good,
+        "empty": b"",
+    }
+    req = ExportTraceServiceRequest.FromString(good)
+    link = req.resource_spans[0].scope_spans[0].spans[0].links.add(trace_state="ok")
+    raw = req.SerializeToString()
+    cases["invalid_utf8_in_trace_state"] = raw.replace(b"\x1a\x02ok", b"\x1a\x02\xff\xfe")
+    assert link.trace_state == "ok" and cases["invalid_utf8_in_trace_state"] != raw
+    for name, data in cases.items():
+        py = _decode(data, DecodeLimits(), False, monkeypatch)
+        assert_same(py, _decode(data, DecodeLimits(), True, monkeypatch)), name
+    assert isinstance(_decode(cases["invalid_utf8_in_trace_state"], DecodeLimits(), False,
+                              monkeypatch), DecodeError)
