@@ -255,3 +255,29 @@ def test_a_wrong_wire_type_and_invalid_utf8_are_judged_as_upb_judges_them(
         assert_same(py, _decode(data, DecodeLimits(), True, monkeypatch)), name
     assert isinstance(_decode(cases["invalid_utf8_in_trace_state"], DecodeLimits(), False,
                               monkeypatch), DecodeError)
+
+
+def test_nesting_is_refused_at_the_same_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrays nested in an attribute: 47 levels (99 messages deep with the request's own)
+    decode, 48 are refused by both decoders (protobuf's limit of 100), so the compiled
+    parser neither accepts what upb refuses nor recurses deeper."""
+    def nested(depth: int) -> bytes:
+        req = ExportTraceServiceRequest()
+        sp = req.resource_spans.add().scope_spans.add().spans.add(
+            trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), name="s")
+        v = sp.attributes.add(key="k").value
+        for _ in range(depth):
+            v = v.array_value.values.add()
+        v.int_value = 1
+        return req.SerializeToString()
+
+    for depth, ok in ((47, True), (48, False)):
+        py = _decode(nested(depth), DecodeLimits(), False, monkeypatch)
+        assert isinstance(py, DecodeResult) == ok
+        assert_same(py, _decode(nested(depth), DecodeLimits(), True, monkeypatch))
+        try:
+            decode_module._native_decoder(DecodeLimits()).decode(nested(depth), 2**62, None)
+            native_ok = True
+        except ValueError:
+            native_ok = False
+        assert native_ok == ok
