@@ -47,6 +47,33 @@ EVALUATION_OUTCOME_KEYS: tuple[str, ...] = (
 )
 
 
+#: Estimated bytes of one queued record before its variable parts: the ``SpanRecord``,
+#: its three hex ids and name (object headers; the name's characters are added), two
+#: times, an empty attribute dict and event list, and its slot in the batch. Measured
+#: with ``tracemalloc`` on CPython 3.11 (tests/monitor/test_queue_bytes.py checks the
+#: estimate against it). ``service/pipeline.batch_bytes`` is the estimate.
+RECORD_BYTES = 600
+#: Per attribute (of a span, an event or a resource): its dict entry and its key's object
+#: header (the key's characters are added; the value is ``sys.getsizeof``).
+ATTR_BYTES = 90
+#: Per event: the ``SpanEvent``, its name, time and attribute dict.
+EVENT_BYTES = 250
+
+
+class SpanBatch(list["SpanRecord"]):
+    """A decoded request's records, with the estimate ``batch_bytes`` would compute for
+    them (``nbytes``; None when unknown): the compiled decoder (native/) computes it while
+    it builds the records, which costs a fraction of walking them again. Not to be
+    modified: a changed batch keeps the estimate of the records it was decoded with
+    (slicing gives a plain list)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, records: list[SpanRecord], nbytes: int | None) -> None:
+        super().__init__(records)
+        self.nbytes = nbytes
+
+
 @dataclass(slots=True)
 class SpanEvent:
     name: str

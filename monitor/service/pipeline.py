@@ -37,7 +37,15 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import close_order
 from assaywatch.monitor.pipeline.assemble import Assembler
 from assaywatch.monitor.pipeline.outcome import ContractRules
-from assaywatch.monitor.receivers.spans import KIND_EVALUATION, IngestCounters, SpanRecord
+from assaywatch.monitor.receivers.spans import (
+    ATTR_BYTES,
+    EVENT_BYTES,
+    KIND_EVALUATION,
+    RECORD_BYTES,
+    IngestCounters,
+    SpanBatch,
+    SpanRecord,
+)
 from assaywatch.monitor.service.wal import Position, WalError, WriteAheadLog, encode_batch
 
 logger = logging.getLogger(__name__)
@@ -63,18 +71,6 @@ STOP_CALIBRATION_WAIT_S = 60.0
 #: failed log append: the reason the receivers have always counted).
 REFUSED_BYTES = "pipeline_full_bytes"
 REFUSED_SPANS = "pipeline_full"
-
-#: Estimated bytes of one queued record before its variable parts: the ``SpanRecord``,
-#: its three hex ids and name (object headers; the name's characters are added), two
-#: times, an empty attribute dict and event list, and its slot in the batch. Measured
-#: with ``tracemalloc`` on CPython 3.11 (tests/monitor/test_queue_bytes.py checks the
-#: estimate against it).
-RECORD_BYTES = 600
-#: Per attribute (of a span, an event or a resource): its dict entry and its key's object
-#: header (the key's characters are added; the value is ``sys.getsizeof``).
-ATTR_BYTES = 90
-#: Per event: the ``SpanEvent``, its name, time and attribute dict.
-EVENT_BYTES = 250
 
 _getsizeof = sys.getsizeof
 
@@ -129,7 +125,13 @@ def batch_bytes(batch: list[SpanRecord]) -> int:
     ``sys.getsizeof``, items of arrays and maps included) and events; a resource dict
     shared by consecutive records is counted once. O(attributes): 1.5-4 microseconds a
     span on CPython 3.11, a tenth to a fifth of what decoding the span cost (and less
-    than encoding it for the write-ahead log)."""
+    than encoding it for the write-ahead log). A :class:`SpanBatch` from the compiled
+    decoder carries this estimate, computed while decoding (``tests/monitor/
+    test_native_decode.py`` checks it equals this function's): it is returned as is."""
+    if batch.__class__ is SpanBatch:
+        nbytes = batch.nbytes  # type: ignore[attr-defined]
+        if nbytes is not None:
+            return int(nbytes)
     size = 64 + 8 * len(batch)  # the list
     resource = None
     for s in batch:

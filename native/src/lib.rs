@@ -62,6 +62,64 @@ struct Counts {
     rejected: [u64; 5],
     limited: [u64; 3],
     sanitised: [u64; 4],
+    /// A value the byte estimate does not model (an array or map value, an attribute key
+    /// given twice): the batch's estimate is then left to Python (`batch_bytes`).
+    unmodelled: bool,
+}
+
+/// `sys.getsizeof` of the values the decoder makes, and the estimate's constants, as the
+/// running interpreter gives them (measured by the Python side when it builds the
+/// decoder; `pipeline.batch_bytes` is the specification of the estimate).
+#[derive(Clone, Copy)]
+struct SizeOf {
+    /// An ASCII str of n characters: ascii + n.
+    ascii: usize,
+    /// A str of n characters whose widest is k bytes wide (1, 2, 4): compact[k] + (n+1)k.
+    compact: [usize; 3],
+    int_zero: usize,
+    int_one: usize,
+    int_digit: usize,
+    bits_per_digit: u32,
+    bool_true: usize,
+    bool_false: usize,
+    float: usize,
+    none: usize,
+    bytes: usize,
+    record: usize,
+    attr: usize,
+    event: usize,
+}
+
+impl SizeOf {
+    fn str(&self, s: &str) -> usize {
+        if s.is_ascii() {
+            return self.ascii + s.len();
+        }
+        let (mut n, mut widest) = (0usize, 0u32);
+        for ch in s.chars() {
+            n += 1;
+            widest = widest.max(ch as u32);
+        }
+        let (k, i) = if widest < 256 { (1, 0) } else if widest < 65536 { (2, 1) } else { (4, 2) };
+        self.compact[i] + (n + 1) * k
+    }
+
+    fn int(&self, v: i64) -> usize {
+        if v == 0 {
+            return self.int_zero;
+        }
+        let bits = 64 - v.unsigned_abs().leading_zeros();
+        let digits = bits.div_ceil(self.bits_per_digit) as usize;
+        self.int_one + (digits - 1) * self.int_digit
+    }
+}
+
+fn chars(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.chars().count()
+    }
 }
 
 /// The limits of one `DecodeLimits`, and the record classes, kept between calls.
@@ -81,6 +139,7 @@ struct Decoder {
     min_time_ns: u64,
     span_record: Py<PyAny>,
     span_event: Py<PyAny>,
+    size: SizeOf,
 }
 
 /// The first `n` characters of `s` when it has more (its byte length otherwise).
@@ -131,91 +190,115 @@ fn reject_reason(trace_id: &[u8], span_id: &[u8], parent: &[u8]) -> Option<usize
 
 impl Decoder {
     /// A name (span, event, scope, attribute key) cut to `max_name_chars` characters.
-    fn name<'py>(&self, py: Python<'py>, s: &str, reason: usize, c: &mut Counts) -> Bound<'py, PyString> {
+    fn cut_name<'a>(&self, s: &'a str, reason: usize, c: &mut Counts) -> &'a str {
         match char_cut(s, self.max_name_chars) {
-            None => PyString::new(py, s),
+            None => s,
             Some(i) => {
                 c.sanitised[reason] += 1;
-                PyString::new(py, &s[..i])
+                &s[..i]
             }
         }
     }
 
     /// A string value cut to `max_value_bytes` UTF-8 bytes.
-    fn capped<'py>(&self, py: Python<'py>, s: &str, c: &mut Counts) -> Bound<'py, PyString> {
+    fn cap<'a>(&self, s: &'a str, c: &mut Counts) -> &'a str {
         if s.len() <= self.max_value_bytes {
-            PyString::new(py, s)
+            s
         } else {
             c.limited[LIM_TRUNCATED] += 1;
-            PyString::new(py, byte_cut(s, self.max_value_bytes))
+            byte_cut(s, self.max_value_bytes)
         }
     }
 
-    /// The key's Python str when the key is kept, None when it is skipped.
-    fn key<'py>(&self, py: Python<'py>, key: &str, c: &mut Counts) -> Option<Bound<'py, PyString>> {
+    /// The key's Python str and its characters when the key is kept, None when skipped.
+    fn key<'py>(&self, py: Python<'py>, key: &str, c: &mut Counts) -> Option<(Bound<'py, PyString>, usize)> {
         if let Some(keep) = &self.keep_keys {
             match keep.get(key) {
-                Some(Some(k)) => return Some(k.bind(py).clone()),
-                Some(None) => return Some(self.name(py, key, SAN_NAME, c)),
-                None => {}
-            }
-            if !self.keep_prefixes.iter().any(|p| key.starts_with(p.as_str())) {
-                return None;
+                Some(Some(k)) => return Some((k.bind(py).clone(), chars(key))),
+                Some(None) => {}
+                None => {
+                    if !self.keep_prefixes.iter().any(|p| key.starts_with(p.as_str())) {
+                        return None;
+                    }
+                }
             }
         }
-        Some(self.name(py, key, SAN_NAME, c))
+        let k = self.cut_name(key, SAN_NAME, c);
+        Some((PyString::new(py, k), chars(k)))
     }
 
-    fn attrs<'py>(&self, py: Python<'py>, kvs: &[KeyValue], c: &mut Counts) -> PyResult<Bound<'py, PyDict>> {
+    /// The attribute dict and its bytes in the estimate (`_attrs_bytes`).
+    fn attrs<'py>(&self, py: Python<'py>, kvs: &[KeyValue], c: &mut Counts) -> PyResult<(Bound<'py, PyDict>, usize)> {
         let out = PyDict::new(py);
+        let mut nbytes = 0usize;
         let mut kvs = kvs;
         if kvs.len() > self.max_attributes {
             c.limited[LIM_ATTRS_DROPPED] += (kvs.len() - self.max_attributes) as u64;
             kvs = &kvs[..self.max_attributes];
         }
         for kv in kvs {
-            let Some(key) = self.key(py, &kv.key, c) else { continue };
-            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+            let Some((key, key_chars)) = self.key(py, &kv.key, c) else { continue };
+            let (value, size) = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
                 Some(Value::StringValue(s)) if !s.is_empty() => {
-                    match char_cut(s, self.max_name_chars) {
+                    let s = match char_cut(s, self.max_name_chars) {
                         Some(i) if self.label_keys.iter().any(|k| *k == kv.key) => {
                             c.sanitised[SAN_LABEL] += 1;
-                            self.capped(py, &s[..i], c).into_any()
+                            &s[..i]
                         }
-                        _ => self.capped(py, s, c).into_any(),
-                    }
+                        _ => s.as_str(),
+                    };
+                    let s = self.cap(s, c);
+                    (PyString::new(py, s).into_any(), self.size.str(s))
                 }
                 other => self.any(py, other, c)?,
             };
+            let before = out.len();
             out.set_item(key, value)?;
+            if out.len() == before {
+                c.unmodelled = true; // a key given twice: the first value is gone
+            }
+            nbytes += self.size.attr + key_chars + size;
         }
-        Ok(out)
+        Ok((out, nbytes))
     }
 
-    fn any<'py>(&self, py: Python<'py>, v: Option<&Value>, c: &mut Counts) -> PyResult<Bound<'py, PyAny>> {
+    /// A value and its `sys.getsizeof` (arrays and maps mark the estimate unmodelled).
+    fn any<'py>(&self, py: Python<'py>, v: Option<&Value>, c: &mut Counts) -> PyResult<(Bound<'py, PyAny>, usize)> {
+        let z = &self.size;
         Ok(match v {
-            Some(Value::StringValue(s)) => self.capped(py, s, c).into_any(),
-            Some(Value::IntValue(i)) => (*i).into_pyobject(py)?.into_any(),
-            Some(Value::BoolValue(b)) => (*b).into_pyobject(py)?.to_owned().into_any(),
-            Some(Value::DoubleValue(f)) => PyFloat::new(py, *f).into_any(),
+            Some(Value::StringValue(s)) => {
+                let s = self.cap(s, c);
+                (PyString::new(py, s).into_any(), z.str(s))
+            }
+            Some(Value::IntValue(i)) => ((*i).into_pyobject(py)?.into_any(), z.int(*i)),
+            Some(Value::BoolValue(b)) => (
+                (*b).into_pyobject(py)?.to_owned().into_any(),
+                if *b { z.bool_true } else { z.bool_false },
+            ),
+            Some(Value::DoubleValue(f)) => (PyFloat::new(py, *f).into_any(), z.float),
             Some(Value::ArrayValue(a)) => {
                 let items = a
                     .values
                     .iter()
-                    .map(|x: &AnyValue| self.any(py, x.value.as_ref(), c))
+                    .map(|x: &AnyValue| self.any(py, x.value.as_ref(), c).map(|(o, _)| o))
                     .collect::<PyResult<Vec<_>>>()?;
-                PyTuple::new(py, items)?.into_any()
+                c.unmodelled = true;
+                (PyTuple::new(py, items)?.into_any(), 0)
             }
-            Some(Value::KvlistValue(kv)) => self.attrs(py, &kv.values, c)?.into_any(),
+            Some(Value::KvlistValue(kv)) => {
+                c.unmodelled = true;
+                (self.attrs(py, &kv.values, c)?.0.into_any(), 0)
+            }
             Some(Value::BytesValue(b)) => {
-                if b.len() <= self.max_value_bytes {
-                    PyBytes::new(py, b).into_any()
+                let b = if b.len() <= self.max_value_bytes {
+                    &b[..]
                 } else {
                     c.limited[LIM_TRUNCATED] += 1;
-                    PyBytes::new(py, &b[..self.max_value_bytes]).into_any()
-                }
+                    &b[..self.max_value_bytes]
+                };
+                (PyBytes::new(py, b).into_any(), z.bytes + b.len())
             }
-            Some(Value::StringValueStrindex(_)) | None => py.None().into_bound(py),
+            Some(Value::StringValueStrindex(_)) | None => (py.None().into_bound(py), z.none),
         })
     }
 
@@ -235,7 +318,7 @@ impl Decoder {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (keep_keys, keep_prefixes, label_keys, max_value_bytes, max_attributes,
-                        max_events, max_name_chars, min_time_ns, span_record, span_event))]
+                        max_events, max_name_chars, min_time_ns, span_record, span_event, sizes))]
     fn new(
         py: Python<'_>,
         keep_keys: Option<Vec<String>>,
@@ -248,7 +331,8 @@ impl Decoder {
         min_time_ns: u64,
         span_record: Py<PyAny>,
         span_event: Py<PyAny>,
-    ) -> Self {
+        sizes: HashMap<String, usize>,
+    ) -> PyResult<Self> {
         let keep_keys = keep_keys.map(|keys| {
             keys.into_iter()
                 .map(|k| {
@@ -260,7 +344,29 @@ impl Decoder {
                 })
                 .collect()
         });
-        Decoder {
+        let get = |name: &str| {
+            sizes
+                .get(name)
+                .copied()
+                .ok_or_else(|| PyValueError::new_err(format!("Decoder: sizes lacks {name}")))
+        };
+        let size = SizeOf {
+            ascii: get("ascii")?,
+            compact: [get("compact1")?, get("compact2")?, get("compact4")?],
+            int_zero: get("int_zero")?,
+            int_one: get("int_one")?,
+            int_digit: get("int_digit")?,
+            bits_per_digit: get("bits_per_digit")? as u32,
+            bool_true: get("bool_true")?,
+            bool_false: get("bool_false")?,
+            float: get("float")?,
+            none: get("none")?,
+            bytes: get("bytes")?,
+            record: get("record")?,
+            attr: get("attr")?,
+            event: get("event")?,
+        };
+        Ok(Decoder {
             keep_keys,
             keep_prefixes,
             label_keys,
@@ -271,12 +377,15 @@ impl Decoder {
             min_time_ns,
             span_record,
             span_event,
-        }
+            size,
+        })
     }
 
-    /// Decode `data`: (records, rejected, limited, sanitised, spans in the request), the
-    /// three counters as dicts of their non-zero counts; records is None when the request
-    /// holds more than `max_spans` spans. Raises ValueError when the bytes do not parse.
+    /// Decode `data`: (records, rejected, limited, sanitised, spans in the request,
+    /// estimated bytes of the records as `pipeline.batch_bytes` computes them or None when
+    /// they hold a value the estimate here does not model), the three counters as dicts
+    /// of their non-zero counts; records is None when the request holds more than
+    /// `max_spans` spans. Raises ValueError when the bytes do not parse.
     #[pyo3(signature = (data, max_ns, max_spans=None))]
     fn decode<'py>(
         &self,
@@ -298,22 +407,29 @@ impl Decoder {
         if max_spans.is_some_and(|m| n_spans > m) {
             let none = py.None().into_bound(py);
             let empty = PyDict::new(py).into_any();
-            return PyTuple::new(py, [none, empty.clone(), empty.clone(), empty, n_spans.into_pyobject(py)?.into_any()]);
+            return PyTuple::new(
+                py,
+                [none.clone(), empty.clone(), empty.clone(), empty, n_spans.into_pyobject(py)?.into_any(), none],
+            );
         }
+        let z = self.size;
         let out = PyList::empty(py);
         let record = self.span_record.bind(py);
         let event_cls = self.span_event.bind(py);
         let empty_parent = PyString::new(py, "");
         let mut last_tid: &[u8] = &[];
         let mut tid_hex = PyString::new(py, "");
+        let mut nbytes = 0usize;
         for rs in &req.resource_spans {
-            let resource = match &rs.resource {
+            let (resource, resource_bytes) = match &rs.resource {
                 Some(r) => self.attrs(py, &r.attributes, &mut c)?,
-                None => PyDict::new(py),
+                None => (PyDict::new(py), 0),
             };
+            // counted with the first record that holds it (batch_bytes: once per resource)
+            let mut resource_bytes = Some(64 + resource_bytes);
             for ss in &rs.scope_spans {
                 let scope_name = match &ss.scope {
-                    Some(s) => self.name(py, &s.name, SAN_NAME, &mut c),
+                    Some(s) => PyString::new(py, self.cut_name(&s.name, SAN_NAME, &mut c)),
                     None => PyString::new(py, ""),
                 };
                 for sp in &ss.spans {
@@ -333,14 +449,15 @@ impl Decoder {
                         evs = &evs[..self.max_events];
                     }
                     for e in evs {
-                        let name = self.name(py, &e.name, SAN_NAME, &mut c);
-                        let attrs = self.attrs(py, &e.attributes, &mut c)?;
-                        events.append(event_cls.call1((name, e.time_unix_nano, attrs))?)?;
+                        let name = self.cut_name(&e.name, SAN_NAME, &mut c);
+                        let (attrs, attrs_bytes) = self.attrs(py, &e.attributes, &mut c)?;
+                        nbytes += z.event + chars(name) + attrs_bytes;
+                        events.append(event_cls.call1((PyString::new(py, name), e.time_unix_nano, attrs))?)?;
                     }
-                    let name = self.name(py, &sp.name, SAN_NAME, &mut c);
+                    let name = self.cut_name(&sp.name, SAN_NAME, &mut c);
                     let (code, message) = match &sp.status {
-                        Some(s) => (s.code, self.capped(py, &s.message, &mut c)),
-                        None => (0, PyString::new(py, "")),
+                        Some(s) => (s.code, self.cap(&s.message, &mut c)),
+                        None => (0, ""),
                     };
                     let start = sp.start_time_unix_nano;
                     let mut end = sp.end_time_unix_nano;
@@ -359,17 +476,19 @@ impl Decoder {
                     } else {
                         PyString::new(py, &hex(parent))
                     };
-                    let attrs = self.attrs(py, &sp.attributes, &mut c)?;
+                    let (attrs, attrs_bytes) = self.attrs(py, &sp.attributes, &mut c)?;
+                    nbytes += z.record + chars(name) + chars(message) + attrs_bytes
+                        + resource_bytes.take().unwrap_or(0);
                     let args: [Bound<'py, PyAny>; 13] = [
                         tid_hex.clone().into_any(),
                         PyString::new(py, &hex(sid)).into_any(),
                         parent_hex.into_any(),
-                        name.into_any(),
+                        PyString::new(py, name).into_any(),
                         start.into_pyobject(py)?.into_any(),
                         end.into_pyobject(py)?.into_any(),
                         sp.kind.into_pyobject(py)?.into_any(),
                         code.into_pyobject(py)?.into_any(),
-                        message.into_any(),
+                        PyString::new(py, message).into_any(),
                         attrs.into_any(),
                         events.into_any(),
                         resource.clone().into_any(),
@@ -379,6 +498,11 @@ impl Decoder {
                 }
             }
         }
+        let estimate = if c.unmodelled {
+            py.None().into_bound(py)
+        } else {
+            (64 + 8 * out.len() + nbytes).into_pyobject(py)?.into_any()
+        };
         PyTuple::new(
             py,
             [
@@ -387,6 +511,7 @@ impl Decoder {
                 Self::counts(py, &LIMITED_NAMES, &c.limited)?.into_any(),
                 Self::counts(py, &SANITISED_NAMES, &c.sanitised)?.into_any(),
                 n_spans.into_pyobject(py)?.into_any(),
+                estimate,
             ],
         )
     }

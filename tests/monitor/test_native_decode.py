@@ -26,6 +26,8 @@ from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
 from assaywatch.monitor.receivers.otlp import decode as decode_module
 from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, DecodeResult
+from assaywatch.monitor.receivers.spans import SpanBatch
+from assaywatch.monitor.service.pipeline import batch_bytes
 from tests.monitor.decoders import NATIVE_INSTALLED
 from tests.monitor.sdkspans import same_values
 
@@ -150,6 +152,28 @@ def assert_same(py: DecodeResult | DecodeError, nat: DecodeResult | DecodeError)
             == [id(s.resource) for s in nat.spans].count(id(nat.spans[0].resource))
             if py.spans else True)
     assert (py.rejected, py.limited, py.sanitised) == (nat.rejected, nat.limited, nat.sanitised)
+    # the compiled decoder's batch carries the queue's byte estimate, or None
+    if isinstance(nat.spans, SpanBatch) and nat.spans.nbytes is not None:
+        assert_estimate(nat.spans)
+
+
+def _shared_chars(records: list[Any]) -> int:
+    """Values that are one of CPython's shared one-character strings beyond ASCII."""
+    def n(attrs: dict[str, Any]) -> int:
+        return sum(1 for v in attrs.values()
+                   if isinstance(v, str) and len(v) == 1 and 128 <= ord(v) < 256)
+    resources = {id(r.resource): r.resource for r in records}
+    return (sum(n(r.attributes) + sum(n(e.attributes) for e in r.events) for r in records)
+            + sum(map(n, resources.values())))
+
+
+def assert_estimate(batch: SpanBatch) -> None:
+    """The decoder's estimate is ``batch_bytes`` of its records, up to the UTF-8 copy
+    (3 bytes) CPython may have cached on a shared one-character string (U+0080-U+00FF)
+    another test asked for: ``sys.getsizeof`` counts it, the decoder cannot know it."""
+    exact = batch_bytes(list(batch))
+    assert batch.nbytes is not None
+    assert 0 <= exact - batch.nbytes <= 3 * _shared_chars(batch), (batch.nbytes, exact)
 
 
 @settings(max_examples=300, deadline=None,
@@ -185,6 +209,15 @@ def test_corrupted_requests_are_refused_or_decoded_alike(
     decoders refuse the same ones with the same message and decode the others alike."""
     rng = random.Random(20261204)
     bases = [_seeded_request(seed) for seed in range(30)]
+    for seed, base in enumerate(bases):
+        # intact, the estimate is there and right; left to Python with an array value
+        nat = _decode(base, DecodeLimits(), True, monkeypatch)
+        assert isinstance(nat, DecodeResult) and isinstance(nat.spans, SpanBatch)
+        if seed % 2:
+            assert nat.spans.nbytes is None
+        else:
+            assert_estimate(nat.spans)
+        assert batch_bytes(nat.spans) > 600 * len(nat.spans)
     refused = decoded = 0
     for i in range(1500):
         base = bytearray(bases[i % len(bases)])
@@ -222,9 +255,13 @@ def _seeded_request(seed: int) -> bytes:
         sp.attributes.add(key="gen_ai.usage.input_tokens").value.int_value = rng.randint(0, 10**6)
         sp.attributes.add(key="kept.f").value.double_value = rng.random()
         sp.attributes.add(key="kept.b").value.bool_value = True
-        arr = sp.attributes.add(key="kept.arr").value.array_value.values
-        arr.add().string_value = "a"
-        arr.add().bytes_value = b"\0\1"
+        sp.attributes.add(key="kept.s").value.string_value = rng.choice(["a", "é", "日本", "𝄞x"])
+        sp.attributes.add(key="kept.n").value.int_value = rng.choice([0, -1, 2**40, -(2**63)])
+        sp.attributes.add(key="kept.bytes").value.bytes_value = b"\0\1"
+        if seed % 2:  # an array value: the compiled decoder leaves the estimate to Python
+            arr = sp.attributes.add(key="kept.arr").value.array_value.values
+            arr.add().string_value = "a"
+            arr.add().bytes_value = b"\0\1"
         ev = sp.events.add(name="gen_ai.choice", time_unix_nano=TIMES[3])
         ev.attributes.add(key="other").value.string_value = "x"
         sp.status.message = "failed"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,7 +54,15 @@ from assaywatch.monitor.receivers.otlp.bounds import (
     check_times,
     proto_element_count,
 )
-from assaywatch.monitor.receivers.spans import AttrValue, SpanEvent, SpanRecord
+from assaywatch.monitor.receivers.spans import (
+    ATTR_BYTES,
+    EVENT_BYTES,
+    RECORD_BYTES,
+    AttrValue,
+    SpanBatch,
+    SpanEvent,
+    SpanRecord,
+)
 
 try:  # the optional compiled decoder (native/: ``pip install ./native``, needs Rust)
     import assaywatch_native as _native_module
@@ -296,30 +305,52 @@ def native_available() -> bool:
     return _native_module is not None and os.environ.get(NATIVE_ENV, "1") != "0"
 
 
+def value_sizes() -> dict[str, int]:
+    """``sys.getsizeof`` of the values the compiled decoder makes, as this interpreter
+    gives them (the layout of ``str`` and ``int`` objects differs between CPython
+    versions), and the constants of the queue's byte estimate: the decoder computes
+    ``batch_bytes`` of its records with them."""
+    size = sys.getsizeof
+    bits = sys.int_info.bits_per_digit
+    return {
+        "ascii": size(""),
+        # a str of n characters, each k bytes wide: compact + (n + 1) * k
+        "compact1": size("\xe9") - 2, "compact2": size("\u0101") - 4,
+        "compact4": size("\U0001d11e") - 8,
+        "int_zero": size(0), "int_one": size(1), "int_digit": size(1 << bits) - size(1),
+        "bits_per_digit": bits, "bool_true": size(True), "bool_false": size(False),
+        "float": size(0.0), "none": size(None), "bytes": size(b""),
+        "record": RECORD_BYTES, "attr": ATTR_BYTES, "event": EVENT_BYTES,
+    }
+
+
 @functools.lru_cache(maxsize=16)
 def _native_decoder(lim: DecodeLimits) -> Any:
     assert _native_module is not None
     keep = None if lim.keep_keys is None else sorted(lim.keep_keys)
     return _native_module.Decoder(
         keep, list(lim.keep_prefixes), sorted(LABEL_KEYS), lim.max_value_bytes,
-        lim.max_attributes, lim.max_events, MAX_NAME_CHARS, MIN_TIME_NS, SpanRecord, SpanEvent)
+        lim.max_attributes, lim.max_events, MAX_NAME_CHARS, MIN_TIME_NS, SpanRecord, SpanEvent,
+        value_sizes())
 
 
 def _native_decode(data: bytes | bytearray, lim: DecodeLimits,
                    max_spans: int | None) -> DecodeResult | None:
     """The compiled decoder's result: the same records and counters as
     :func:`records_from_request` on upb's parse (``tests/monitor/test_native_decode.py``).
+    Its records come as a :class:`SpanBatch` carrying the queue's byte estimate.
     None when its protobuf parser refuses the bytes: upb then decodes them again and has
     the last word, its message or its records."""
     try:
-        spans, rejected, limited, sanitised, n_spans = _native_decoder(lim).decode(
+        spans, rejected, limited, sanitised, n_spans, nbytes = _native_decoder(lim).decode(
             bytes(data), time.time_ns() + FUTURE_SLACK_NS, max_spans)
     except ValueError:
         return None
     if spans is None:
         assert max_spans is not None
         raise _too_many_spans(n_spans, max_spans)
-    return DecodeResult(spans, Counter(rejected), Counter(limited), Counter(sanitised))
+    return DecodeResult(SpanBatch(spans, nbytes), Counter(rejected), Counter(limited),
+                        Counter(sanitised))
 
 
 
