@@ -320,7 +320,10 @@ class Assembler:
                     if span.resource is not resource:
                         names = resource_names(span.resource)
                         resource = span.resource
-                    node = Node(span, classify(span, key_attributes), names)
+                    norm = span.norm  # classified by the compiled decoder
+                    if norm is None or key_attributes:
+                        norm = classify(span, key_attributes)
+                    node = Node(span, norm, names)
                 except Exception:
                     if not self._logged_bad:  # once: a bad producer would flood the log
                         self._logged_bad = True

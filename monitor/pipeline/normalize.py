@@ -71,6 +71,8 @@ from assaywatch.monitor.pipeline.dialects import (
     PROVIDER_RENAMES,
     PROVIDER_SPAN_PREFIXES,
     PROVIDER_SPAN_SUFFIXES,
+    READ_KEYS,
+    READ_PREFIXES,
     SCENARIO_KEYS,
     SERVER_KINDS,
     TRACELOOP_KINDS,
@@ -95,7 +97,8 @@ from assaywatch.monitor.pipeline.values import (
 )
 from assaywatch.monitor.receivers.spans import STATUS_ERROR, AttrValue, SpanRecord
 
-__all__ = ["CONTAINER_KINDS", "Kind", "NormalizedSpan", "classify", "text_length"]
+__all__ = ["CONTAINER_KINDS", "Kind", "NormalizedSpan", "classify", "native_classify_context",
+           "text_length"]
 
 
 @dataclass(slots=True)
@@ -366,3 +369,44 @@ def classify(span: SpanRecord, key_attributes: tuple[str, ...] = ()) -> Normaliz
         share(model), share(provider), in_tok, out_tok, cost,
         out_len if out_len is not None else out_tok, error, tuple(evaluations), tool_defs,
         marks, key_values, graph_node)
+
+
+#: Keys the common case reads (``native_classify_context``) and keys it may ignore: the
+#: ids of a tool call and ``tool.name`` (read only when ``gen_ai.tool.name`` is not a
+#: non-empty string, a span the common case leaves to ``classify``), the resource's names.
+_NATIVE_IGNORED = ("gen_ai.tool.call.id", "tool.name", "service.name", "service.version")
+
+
+def native_classify_context() -> dict[str, object]:
+    """The tables with which the compiled decoder (native/src/classify.rs) classifies the
+    common GenAI span while decoding, building the :class:`NormalizedSpan` :func:`classify`
+    would (``SpanRecord.norm``; the assembler calls :func:`classify` on the others).
+
+    The common case: ``gen_ai.operation.name`` in :data:`OPERATION_KINDS` decides the kind
+    (rule 1) and it is not a handoff; no event; the names under the agent, version, model,
+    provider and scenario keys are strings (or absent) and the token counts integers; a
+    tool span's ``gen_ai.tool.name`` is a non-empty string, not ``transfer_to_...``, on a
+    span not named ``handoff to ...``; and the span carries none of ``complex_keys`` or
+    ``complex_prefixes``: every other key :data:`READ_KEYS` lists (evaluations, costs,
+    output content and length, tool definitions, run marks, errors, other dialects' kinds,
+    handoff targets, Langfuse details). Stream key attributes are not read there: with
+    ``streams.key_attributes`` set, the assembler classifies every span itself.
+    ``tests/monitor/test_native_decode.py`` checks the decoder's answer equals
+    :func:`classify` on generated spans.
+    """
+    simple = {"gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.agent.name", "agent.name",
+              "gen_ai.agent.version", *MODEL_KEYS, *PROVIDER_KEYS, *INPUT_TOKEN_KEYS,
+              *OUTPUT_TOKEN_KEYS, *SCENARIO_KEYS, *_NATIVE_IGNORED}
+    return {
+        "op_key": "gen_ai.operation.name", "tool_key": "gen_ai.tool.name",
+        "agent_keys": ["gen_ai.agent.name", "agent.name"],
+        "version_keys": ["gen_ai.agent.version"],
+        "model_keys": list(MODEL_KEYS), "provider_keys": list(PROVIDER_KEYS),
+        "input_keys": list(INPUT_TOKEN_KEYS), "output_keys": list(OUTPUT_TOKEN_KEYS),
+        "scenario_keys": list(SCENARIO_KEYS), "ignored_keys": list(_NATIVE_IGNORED),
+        "complex_keys": sorted(READ_KEYS - simple), "complex_prefixes": list(READ_PREFIXES),
+        "op_kinds": {op: (kind, ACTION_OF_KIND[kind], kind.value)
+                     for op, kind in OPERATION_KINDS.items()},
+        "provider_renames": dict(PROVIDER_RENAMES),
+        "normalized_span": NormalizedSpan, "share": share,
+    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 #: An OTLP AnyValue after decoding: arrays become tuples, kvlists dicts, bytes stay bytes.
 AttrValue = str | bool | int | float | bytes | tuple[object, ...] | dict[str, object] | None
@@ -99,6 +99,12 @@ class SpanRecord:
     #: Resource attributes; spans of one ResourceSpans share the same dict object.
     resource: dict[str, AttrValue] = field(default_factory=dict)
     scope_name: str = ""
+    #: The span's ``NormalizedSpan`` when the compiled decoder classified it while decoding
+    #: (the common GenAI span, ``normalize.native_classify_context``), else None: the
+    #: assembler then calls ``classify``. Derived from the fields above at decode time:
+    #: not compared, not written to the write-ahead log, and stale if the record is
+    #: changed (records are not changed after decoding).
+    norm: Any = field(default=None, compare=False, repr=False)
 
 
 def evaluation_record(trace_id: str, span_id: str, time_ns: int,

@@ -11,6 +11,7 @@
 //!
 //! The protobuf parse runs without the GIL; building the Python objects holds it.
 
+mod classify;
 mod otlp;
 
 // The parse allocates a small buffer per string and per repeated field; mimalloc serves
@@ -23,8 +24,9 @@ use std::collections::HashMap;
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use classify::{Classifier, Role, Seen, Slots};
 use otlp::any_value::Value;
 use otlp::{AnyValue, ExportTraceServiceRequest, KeyValue};
 
@@ -140,6 +142,8 @@ struct Decoder {
     span_record: Py<PyAny>,
     span_event: Py<PyAny>,
     size: SizeOf,
+    /// Classifies the common GenAI span while decoding (None: the assembler classifies).
+    classifier: Option<Classifier>,
 }
 
 /// The first `n` characters of `s` when it has more (its byte length otherwise).
@@ -228,7 +232,14 @@ impl Decoder {
     }
 
     /// The attribute dict and its bytes in the estimate (`_attrs_bytes`).
-    fn attrs<'py>(&self, py: Python<'py>, kvs: &[KeyValue], c: &mut Counts) -> PyResult<(Bound<'py, PyDict>, usize)> {
+    /// `slots`: where a span's attributes are noted for the classifier.
+    fn attrs<'py>(
+        &self,
+        py: Python<'py>,
+        kvs: &[KeyValue],
+        c: &mut Counts,
+        mut slots: Option<&mut Slots<'py>>,
+    ) -> PyResult<(Bound<'py, PyDict>, usize)> {
         let out = PyDict::new(py);
         let mut nbytes = 0usize;
         let mut kvs = kvs;
@@ -252,6 +263,24 @@ impl Decoder {
                 }
                 other => self.any(py, other, c)?,
             };
+            if let (Some(sl), Some(cl)) = (slots.as_deref_mut(), &self.classifier) {
+                match cl.role(&kv.key) {
+                    Role::Slot(i) => {
+                        // as `classify` sees the stored value (maybe capped)
+                        sl.values[i] = Some(if value.is_none() {
+                            Seen::Null
+                        } else if let Ok(text) = value.cast_exact::<PyString>() {
+                            Seen::Str(text.clone(), text.to_str()?.is_empty())
+                        } else if value.is_exact_instance_of::<PyInt>() {
+                            value.extract::<i64>().map(Seen::Int).unwrap_or(Seen::Other)
+                        } else {
+                            Seen::Other
+                        });
+                    }
+                    Role::Complex => sl.complex = true,
+                    Role::Ignored => {}
+                }
+            }
             let before = out.len();
             out.set_item(key, value)?;
             if out.len() == before {
@@ -287,7 +316,7 @@ impl Decoder {
             }
             Some(Value::KvlistValue(kv)) => {
                 c.unmodelled = true;
-                (self.attrs(py, &kv.values, c)?.0.into_any(), 0)
+                (self.attrs(py, &kv.values, c, None)?.0.into_any(), 0)
             }
             Some(Value::BytesValue(b)) => {
                 let b = if b.len() <= self.max_value_bytes {
@@ -318,7 +347,8 @@ impl Decoder {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (keep_keys, keep_prefixes, label_keys, max_value_bytes, max_attributes,
-                        max_events, max_name_chars, min_time_ns, span_record, span_event, sizes))]
+                        max_events, max_name_chars, min_time_ns, span_record, span_event, sizes,
+                        classify=None))]
     fn new(
         py: Python<'_>,
         keep_keys: Option<Vec<String>>,
@@ -332,6 +362,7 @@ impl Decoder {
         span_record: Py<PyAny>,
         span_event: Py<PyAny>,
         sizes: HashMap<String, usize>,
+        classify: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let keep_keys = keep_keys.map(|keys| {
             keys.into_iter()
@@ -378,6 +409,7 @@ impl Decoder {
             span_record,
             span_event,
             size,
+            classifier: classify.map(|ctx| Classifier::from_context(&ctx)).transpose()?,
         })
     }
 
@@ -422,7 +454,7 @@ impl Decoder {
         let mut nbytes = 0usize;
         for rs in &req.resource_spans {
             let (resource, resource_bytes) = match &rs.resource {
-                Some(r) => self.attrs(py, &r.attributes, &mut c)?,
+                Some(r) => self.attrs(py, &r.attributes, &mut c, None)?,
                 None => (PyDict::new(py), 0),
             };
             // counted with the first record that holds it (batch_bytes: once per resource)
@@ -450,7 +482,7 @@ impl Decoder {
                     }
                     for e in evs {
                         let name = self.cut_name(&e.name, SAN_NAME, &mut c);
-                        let (attrs, attrs_bytes) = self.attrs(py, &e.attributes, &mut c)?;
+                        let (attrs, attrs_bytes) = self.attrs(py, &e.attributes, &mut c, None)?;
                         nbytes += z.event + chars(name) + attrs_bytes;
                         events.append(event_cls.call1((PyString::new(py, name), e.time_unix_nano, attrs))?)?;
                     }
@@ -476,10 +508,19 @@ impl Decoder {
                     } else {
                         PyString::new(py, &hex(parent))
                     };
-                    let (attrs, attrs_bytes) = self.attrs(py, &sp.attributes, &mut c)?;
+                    let mut slots = self.classifier.as_ref().map(|_| Slots::new());
+                    let (attrs, attrs_bytes) = self.attrs(py, &sp.attributes, &mut c, slots.as_mut())?;
+                    let has_parent = !parent_hex.is_empty()?;
+                    let norm = match (&self.classifier, &slots) {
+                        (Some(cl), Some(sl)) => {
+                            cl.classify(py, sl, !events.is_empty(), name, sp.kind, has_parent, code)?
+                        }
+                        _ => None,
+                    }
+                    .unwrap_or_else(|| py.None().into_bound(py));
                     nbytes += z.record + chars(name) + chars(message) + attrs_bytes
                         + resource_bytes.take().unwrap_or(0);
-                    let args: [Bound<'py, PyAny>; 13] = [
+                    let args: [Bound<'py, PyAny>; 14] = [
                         tid_hex.clone().into_any(),
                         PyString::new(py, &hex(sid)).into_any(),
                         parent_hex.into_any(),
@@ -493,6 +534,7 @@ impl Decoder {
                         events.into_any(),
                         resource.clone().into_any(),
                         scope_name.clone().into_any(),
+                        norm,
                     ];
                     out.append(record.call1(PyTuple::new(py, args)?)?)?;
                 }

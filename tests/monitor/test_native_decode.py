@@ -12,7 +12,9 @@ bytes with the same message, or decode them to the same records).
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -22,7 +24,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
+from assaywatch.monitor.pipeline.dialects import (
+    INPUT_TOKEN_KEYS,
+    MODEL_KEYS,
+    OPERATION_KINDS,
+    OUTPUT_TOKEN_KEYS,
+    PROVIDER_KEYS,
+    READ_KEYS,
+    READ_PREFIXES,
+    Kind,
+)
+from assaywatch.monitor.pipeline.normalize import NormalizedSpan, classify
 from assaywatch.monitor.receivers.otlp import decode as decode_module
 from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, DecodeResult
@@ -318,3 +330,145 @@ def test_nesting_is_refused_at_the_same_depth(monkeypatch: pytest.MonkeyPatch) -
         except ValueError:
             native_ok = False
         assert native_ok == ok
+
+
+# --------------------------------------------------------------------------- classification
+
+#: Values a generated GenAI span draws its attributes from: every operation plus unknown
+#: and malformed ones, names that are strings, empty, numbers or unset, token counts of
+#: every type, renamed providers, handoff names, the keys that send a span to ``classify``.
+_OPS = [*OPERATION_KINDS, "custom_op", "", AnyValue(int_value=3), AnyValue()]
+_NAMES = ["billing", "", "transfer_to_billing", "é" * 9, AnyValue(int_value=7),
+          AnyValue(bool_value=True), AnyValue(double_value=1.5), AnyValue()]
+_TOKENS = [AnyValue(int_value=12), AnyValue(int_value=0), AnyValue(int_value=-4),
+           "12", "", AnyValue(double_value=3.0), AnyValue(bool_value=True), AnyValue()]
+_SIMPLE: dict[str, list[Any]] = {
+    "gen_ai.tool.name": _NAMES, "gen_ai.agent.name": _NAMES, "agent.name": _NAMES,
+    "gen_ai.agent.version": _NAMES, "gen_ai.workflow.name": _NAMES,
+    "assaywatch.scenario": _NAMES, "traceloop.workflow.name": _NAMES,
+    **{k: _NAMES + ["gpt-4o"] for k in MODEL_KEYS},
+    **{k: _NAMES + ["gemini", "az.ai.openai", "openai"] for k in PROVIDER_KEYS},
+    **{k: _TOKENS for k in (*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS)},
+    "gen_ai.tool.call.id": ["call_1"], "tool.name": ["lookup"], "service.name": ["svc"],
+    "http.method": ["GET"],
+}
+_COMPLEX = ["error.type", "gen_ai.evaluation.name", "assaywatch.output.length",
+            "assaywatch.run.mark", "gen_ai.transfer.target.name", "traceloop.span.kind",
+            "langfuse.observation.type", "gen_ai.tool.definitions", "llm.cost.total",
+            "gen_ai.output.messages", "llm.output_messages.0.message.content",
+            "langfuse.observation.usage_details", "openinference.span.kind"]
+_CLASSIFY_LIMITS = [DecodeLimits(keep_keys=frozenset(READ_KEYS), keep_prefixes=READ_PREFIXES),
+                    DecodeLimits(), DecodeLimits(max_value_bytes=4, max_attributes=3)]
+
+
+def _set(sp: Span, key: str, value: Any) -> None:
+    v = sp.attributes.add(key=key).value
+    if isinstance(value, AnyValue):
+        v.CopyFrom(value)
+    else:
+        v.string_value = value
+
+
+def _genai_request(rng: random.Random, n: int, tag: int) -> bytes:
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    for j in range(n):
+        sp = ss.spans.add(
+            trace_id=bytes([tag % 250 + 1]) * 16, span_id=(j + 1).to_bytes(8, "big"),
+            parent_span_id=rng.choice([b"", b"\1" * 8, bytes(8)]),
+            name=rng.choice(["chat gpt", "handoff to billing", "handoff to ", "", "agent",
+                             "execute_tool lookup"]),
+            kind=rng.randint(0, 5), start_time_unix_nano=TIMES[3], end_time_unix_nano=TIMES[4])
+        op = rng.choice(_OPS)
+        _set(sp, "gen_ai.operation.name", op)
+        if op == "execute_tool" and rng.random() < 0.7:
+            _set(sp, "gen_ai.tool.name", rng.choice(_NAMES))
+        for key in rng.sample(sorted(_SIMPLE), rng.randint(0, 8)):
+            _set(sp, key, rng.choice(_SIMPLE[key]))
+        if rng.random() < 0.3:
+            _set(sp, rng.choice(_COMPLEX), "x")
+        if rng.random() < 0.1:  # a repeated key: the last value is the one kept
+            _set(sp, "gen_ai.tool.name", rng.choice(_NAMES))
+        if rng.random() < 0.15:
+            sp.events.add(name=rng.choice(["exception", "log"]), time_unix_nano=TIMES[3])
+        if rng.random() < 0.3:
+            sp.status.code = rng.randint(0, 2)
+    return req.SerializeToString()
+
+
+def _typed(norm: NormalizedSpan) -> list[tuple[type, Any]]:
+    """Every field with its type: ``True == 1`` must not hide a bool for an int."""
+    return [(type(getattr(norm, f.name)), getattr(norm, f.name))
+            for f in dataclasses.fields(norm)]
+
+
+def test_spans_classified_while_decoding_are_classified_as_classify_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 generated GenAI-like spans: every ``NormalizedSpan`` the compiled decoder makes
+    equals ``classify`` of the same record, field by field with its type (the same Kind
+    object); it makes one for some spans of every operation but ``handoff`` and for none
+    carrying an event or a key it leaves to ``classify``."""
+    rng = random.Random(1204)
+    made: Counter[str] = Counter()
+    left = 0
+    handoff_named = 0  # tool spans only a "handoff to" name sends to classify
+    for i in range(100):
+        data = _genai_request(rng, 30, i)
+        out = _decode(data, _CLASSIFY_LIMITS[i % 3], True, monkeypatch)
+        assert isinstance(out, DecodeResult)
+        for rec in out.spans:
+            if rec.norm is None:
+                left += 1
+                handoff_named += (rec.name.startswith("handoff to ") and not rec.events
+                                  and rec.attributes.get("gen_ai.operation.name")
+                                  == "execute_tool")
+                continue
+            expected = classify(rec)
+            assert _typed(rec.norm) == _typed(expected), rec
+            assert rec.norm.kind is expected.kind and rec.norm.action is expected.action
+            assert not rec.events
+            assert not any(k in rec.attributes for k in _COMPLEX), rec.attributes
+            made[rec.attributes["gen_ai.operation.name"]] += 1
+    assert set(made) == set(OPERATION_KINDS) - {"handoff"}, made
+    assert left > 500 and handoff_named > 10, (left, handoff_named)
+
+
+def test_the_common_span_is_classified_while_decoding(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written-down cases: a chat span and a tool span get their NormalizedSpan from the
+    decoder; a transfer tool, an event, an evaluation key, a float token count and the
+    Python decoder leave it to the assembler (``norm`` None)."""
+    req = ExportTraceServiceRequest()
+    spans = req.resource_spans.add().scope_spans.add().spans
+
+    def span(name: str, **attrs: Any) -> Span:
+        sp = spans.add(trace_id=b"\7" * 16, span_id=(len(spans) + 1).to_bytes(8, "big"),
+                       parent_span_id=b"\1" * 8, name=name, kind=3,
+                       start_time_unix_nano=TIMES[3], end_time_unix_nano=TIMES[4])
+        for k, v in attrs.items():
+            _set(sp, k.replace("__", "."), v)
+        return sp
+
+    span("chat gpt", gen_ai__operation__name="chat", gen_ai__system="gemini",
+         gen_ai__request__model="gemini-2", gen_ai__usage__input_tokens=AnyValue(int_value=30),
+         gen_ai__usage__output_tokens=AnyValue(int_value=-2))
+    span("execute_tool lookup", gen_ai__operation__name="execute_tool",
+         gen_ai__tool__name="lookup")
+    span("execute_tool t", gen_ai__operation__name="execute_tool",
+         gen_ai__tool__name="transfer_to_billing")
+    span("chat gpt", gen_ai__operation__name="chat").events.add(name="exception")
+    span("chat gpt", gen_ai__operation__name="chat", gen_ai__evaluation__name="q")
+    span("chat gpt", gen_ai__operation__name="chat",
+         gen_ai__usage__input_tokens=AnyValue(double_value=3.0))
+    data = req.SerializeToString()
+    out = _decode(data, DecodeLimits(), True, monkeypatch)
+    assert isinstance(out, DecodeResult)
+    chat, tool, *others = out.spans
+    assert (chat.norm.kind, chat.norm.provider, chat.norm.model, chat.norm.input_tokens,
+            chat.norm.output_tokens, chat.norm.output_length, chat.norm.error) == (
+        Kind.LLM, "gcp.gemini", "gemini-2", 30, 0, 0, False)
+    assert (tool.norm.kind, tool.norm.tool, tool.norm.is_agent_span) == (Kind.TOOL, "lookup",
+                                                                        False)
+    assert [r.norm for r in others] == [None, None, None, None]
+    py = _decode(data, DecodeLimits(), False, monkeypatch)
+    assert isinstance(py, DecodeResult) and all(r.norm is None for r in py.spans)

@@ -327,18 +327,21 @@ def value_sizes() -> dict[str, int]:
 @functools.lru_cache(maxsize=16)
 def _native_decoder(lim: DecodeLimits) -> Any:
     assert _native_module is not None
+    # the pipeline's tables: imported here, the receivers do not depend on the pipeline
+    from assaywatch.monitor.pipeline.normalize import native_classify_context
     keep = None if lim.keep_keys is None else sorted(lim.keep_keys)
     return _native_module.Decoder(
         keep, list(lim.keep_prefixes), sorted(LABEL_KEYS), lim.max_value_bytes,
         lim.max_attributes, lim.max_events, MAX_NAME_CHARS, MIN_TIME_NS, SpanRecord, SpanEvent,
-        value_sizes())
+        value_sizes(), classify=native_classify_context())
 
 
 def _native_decode(data: bytes | bytearray, lim: DecodeLimits,
                    max_spans: int | None) -> DecodeResult | None:
     """The compiled decoder's result: the same records and counters as
     :func:`records_from_request` on upb's parse (``tests/monitor/test_native_decode.py``).
-    Its records come as a :class:`SpanBatch` carrying the queue's byte estimate.
+    Its records come as a :class:`SpanBatch` carrying the queue's byte estimate, the
+    common GenAI span already classified (``SpanRecord.norm``).
     None when its protobuf parser refuses the bytes: upb then decodes them again and has
     the last word, its message or its records."""
     try:
