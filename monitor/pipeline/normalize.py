@@ -45,7 +45,7 @@ Decisions (documented because they shape the fingerprint):
 
 from __future__ import annotations
 
-from collections.abc import KeysView, Mapping
+from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
 
 from assaywatch.analyzers.model import Action
@@ -95,6 +95,7 @@ from assaywatch.monitor.pipeline.values import (
     tool_definitions_of,
     usage_detail,
 )
+from assaywatch.monitor.receivers.otlp.decode import DecodeLimits
 from assaywatch.monitor.receivers.spans import STATUS_ERROR, AttrValue, SpanRecord
 
 __all__ = ["CONTAINER_KINDS", "Kind", "NormalizedSpan", "classify", "native_classify_context",
@@ -410,3 +411,14 @@ def native_classify_context() -> dict[str, object]:
         "provider_renames": dict(PROVIDER_RENAMES),
         "normalized_span": NormalizedSpan, "share": share,
     }
+
+
+def monitor_decode_limits(key_attributes: Iterable[str] = ()) -> DecodeLimits:
+    """The decode limits of the monitor's receivers: only the attributes the pipeline
+    reads (:data:`READ_KEYS`, :data:`READ_PREFIXES` and the stream key attributes) are
+    converted, the rest is skipped before its value is read; and, with no stream key
+    attributes (which the compiled decoder does not read), the common span is classified
+    while decoding (:func:`native_classify_context`)."""
+    keys = frozenset(key_attributes)
+    return DecodeLimits(keep_keys=READ_KEYS | keys, keep_prefixes=READ_PREFIXES,
+                        classify=None if keys else native_classify_context)

@@ -153,10 +153,9 @@ class AssemblerWorker:
         self._delivery_error: str | None = None
         self._consumer: Any = None
         self._producer: Any = None
-        from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
-        from assaywatch.monitor.receivers.otlp.decode import DecodeLimits
+        from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
 
-        self._limits = DecodeLimits(keep_keys=READ_KEYS, keep_prefixes=READ_PREFIXES)
+        self._limits = monitor_decode_limits()
 
     # -- what the metrics port reads --------------------------------------------------
     def pending_traces(self) -> int:

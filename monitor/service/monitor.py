@@ -224,8 +224,7 @@ class Monitor:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> dict[str, str]:
         from assaywatch.monitor.exporters.status import StatusServer
-        from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
-        from assaywatch.monitor.receivers.otlp.decode import DecodeLimits
+        from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
         from assaywatch.monitor.receivers.otlp.grpc_receiver import GrpcReceiver
         from assaywatch.monitor.receivers.otlp.http_receiver import HttpReceiver
 
@@ -249,9 +248,9 @@ class Monitor:
         listen = self.config.listen
         ing = self.config.ingest
         # Decode only the attributes the pipeline reads: the rest (message content, HTTP
-        # and framework attributes) is skipped before conversion, saving time and memory.
-        limits = DecodeLimits(keep_keys=READ_KEYS | frozenset(
-            self.config.streams.key_attributes), keep_prefixes=READ_PREFIXES)
+        # and framework attributes) is skipped before conversion, saving time and memory;
+        # the compiled decoder classifies the common span on the way.
+        limits = monitor_decode_limits(self.config.streams.key_attributes)
         if listen.otlp_grpc:
             host, port = parse_hostport(listen.otlp_grpc, "otlp_grpc")
             with _listener("OTLP/gRPC", listen.otlp_grpc, "--otlp-grpc"):

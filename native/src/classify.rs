@@ -272,6 +272,6 @@ impl Classifier {
             empty,
             false.into_pyobject(py)?.to_owned().into_any(),
         ];
-        Ok(Some(self.normalized_span.bind(py).call1(PyTuple::new(py, args)?)?))
+        Ok(Some(crate::untracked(self.normalized_span.bind(py).call1(PyTuple::new(py, args)?)?)))
     }
 }

@@ -146,6 +146,20 @@ struct Decoder {
     classifier: Option<Classifier>,
 }
 
+/// `obj`, no longer tracked by the cycle collector. A record, its events and their list,
+/// and its `NormalizedSpan` hold strings, numbers, dicts of them and each other, never a
+/// reference back: they cannot be part of a reference cycle, so reference counting frees
+/// them, and a collection walking them (every young collection while a trace is pending,
+/// since they outlive the youngest generation) is work for nothing. An object they refer
+/// to stays tracked, and counts as referenced from outside the collected set: never
+/// freed while a record holds it.
+fn untracked(obj: Bound<'_, PyAny>) -> Bound<'_, PyAny> {
+    // SAFETY: `obj` is a live object (we hold a reference and the GIL); untracking an
+    // object the collector does not track is a no-op.
+    unsafe { pyo3::ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
+    obj
+}
+
 /// The first `n` characters of `s` when it has more (its byte length otherwise).
 fn char_cut(s: &str, n: usize) -> Option<usize> {
     if s.len() <= n {
@@ -484,7 +498,7 @@ impl Decoder {
                         let name = self.cut_name(&e.name, SAN_NAME, &mut c);
                         let (attrs, attrs_bytes) = self.attrs(py, &e.attributes, &mut c, None)?;
                         nbytes += z.event + chars(name) + attrs_bytes;
-                        events.append(event_cls.call1((PyString::new(py, name), e.time_unix_nano, attrs))?)?;
+                        events.append(untracked(event_cls.call1((PyString::new(py, name), e.time_unix_nano, attrs))?))?;
                     }
                     let name = self.cut_name(&sp.name, SAN_NAME, &mut c);
                     let (code, message) = match &sp.status {
@@ -530,13 +544,13 @@ impl Decoder {
                         sp.kind.into_pyobject(py)?.into_any(),
                         code.into_pyobject(py)?.into_any(),
                         PyString::new(py, message).into_any(),
-                        attrs.into_any(),
-                        events.into_any(),
+                        untracked(attrs.into_any()),
+                        untracked(events.into_any()),
                         resource.clone().into_any(),
                         scope_name.clone().into_any(),
                         norm,
                     ];
-                    out.append(record.call1(PyTuple::new(py, args)?)?)?;
+                    out.append(untracked(record.call1(PyTuple::new(py, args)?)?))?;
                 }
             }
         }

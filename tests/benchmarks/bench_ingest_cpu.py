@@ -54,7 +54,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from assaywatch.monitor.config import MonitorConfig
 from assaywatch.monitor.engine.engine import Engine
-from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
+from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
 from assaywatch.monitor.receivers.otlp.bounds import DEFAULT_MAX_ELEMENTS
 from assaywatch.monitor.receivers.otlp.decode import (
     DecodeLimits,
@@ -100,8 +100,7 @@ class _Clock:
 
 def monitor_limits(config: MonitorConfig) -> DecodeLimits:
     """The limits the monitor's receivers decode with (``Monitor.start``)."""
-    return DecodeLimits(keep_keys=READ_KEYS | frozenset(config.streams.key_attributes),
-                        keep_prefixes=READ_PREFIXES)
+    return monitor_decode_limits(config.streams.key_attributes)
 
 
 def make_pipeline(config: MonitorConfig, clock: _Clock) -> Pipeline:

@@ -11,8 +11,9 @@ import pytest
 from assaywatch.monitor.offline.load import load_runs
 from assaywatch.monitor.pipeline.assemble import assemble_all
 from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
+from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
 from assaywatch.monitor.receivers.files import read_spans
-from assaywatch.monitor.receivers.otlp.decode import NATIVE_ENV, DecodeLimits, decode_proto_request
+from assaywatch.monitor.receivers.otlp.decode import NATIVE_ENV, decode_proto_request
 from assaywatch.monitor.receivers.spans import AttrValue, SpanEvent, SpanRecord
 from tests.conformance.expected import Case, load_cases, sorted_dicts, summarize_run
 from tests.e2e.rawotlp import request_from_records
@@ -65,8 +66,7 @@ def test_the_compiled_decoders_classified_spans_give_the_same_runs(
     monkeypatch.setenv(NATIVE_ENV, "1")
     spans = [s for batch in read_spans([str(case.fixture)], strict=True) for s in batch]
     body = request_from_records(spans).SerializeToString()
-    decoded = decode_proto_request(body, DecodeLimits(keep_keys=READ_KEYS,
-                                                      keep_prefixes=READ_PREFIXES)).spans
+    decoded = decode_proto_request(body, monitor_decode_limits()).spans
     assert len(decoded) == len(spans)
     runs = assemble_all(decoded)
     assert sorted_dicts(summarize_run(r) for r in runs) == case.expected_dicts()

@@ -13,6 +13,7 @@ bytes with the same message, or decode them to the same records).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 from collections import Counter
 from typing import Any
@@ -34,7 +35,12 @@ from assaywatch.monitor.pipeline.dialects import (
     READ_PREFIXES,
     Kind,
 )
-from assaywatch.monitor.pipeline.normalize import NormalizedSpan, classify
+from assaywatch.monitor.pipeline.normalize import (
+    NormalizedSpan,
+    classify,
+    monitor_decode_limits,
+    native_classify_context,
+)
 from assaywatch.monitor.receivers.otlp import decode as decode_module
 from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, DecodeResult
@@ -357,8 +363,10 @@ _COMPLEX = ["error.type", "gen_ai.evaluation.name", "assaywatch.output.length",
             "langfuse.observation.type", "gen_ai.tool.definitions", "llm.cost.total",
             "gen_ai.output.messages", "llm.output_messages.0.message.content",
             "langfuse.observation.usage_details", "openinference.span.kind"]
-_CLASSIFY_LIMITS = [DecodeLimits(keep_keys=frozenset(READ_KEYS), keep_prefixes=READ_PREFIXES),
-                    DecodeLimits(), DecodeLimits(max_value_bytes=4, max_attributes=3)]
+_CLASSIFY_LIMITS = [monitor_decode_limits(),
+                    DecodeLimits(classify=native_classify_context),
+                    DecodeLimits(max_value_bytes=4, max_attributes=3,
+                                 classify=native_classify_context)]
 
 
 def _set(sp: Span, key: str, value: Any) -> None:
@@ -426,7 +434,7 @@ def test_spans_classified_while_decoding_are_classified_as_classify_does(
             expected = classify(rec)
             assert _typed(rec.norm) == _typed(expected), rec
             assert rec.norm.kind is expected.kind and rec.norm.action is expected.action
-            assert not rec.events
+            assert not rec.events and not gc.is_tracked(rec.norm)
             assert not any(k in rec.attributes for k in _COMPLEX), rec.attributes
             made[rec.attributes["gen_ai.operation.name"]] += 1
     assert set(made) == set(OPERATION_KINDS) - {"handoff"}, made
@@ -461,7 +469,7 @@ def test_the_common_span_is_classified_while_decoding(
     span("chat gpt", gen_ai__operation__name="chat",
          gen_ai__usage__input_tokens=AnyValue(double_value=3.0))
     data = req.SerializeToString()
-    out = _decode(data, DecodeLimits(), True, monkeypatch)
+    out = _decode(data, DecodeLimits(classify=native_classify_context), True, monkeypatch)
     assert isinstance(out, DecodeResult)
     chat, tool, *others = out.spans
     assert (chat.norm.kind, chat.norm.provider, chat.norm.model, chat.norm.input_tokens,
@@ -470,5 +478,33 @@ def test_the_common_span_is_classified_while_decoding(
     assert (tool.norm.kind, tool.norm.tool, tool.norm.is_agent_span) == (Kind.TOOL, "lookup",
                                                                         False)
     assert [r.norm for r in others] == [None, None, None, None]
-    py = _decode(data, DecodeLimits(), False, monkeypatch)
+    py = _decode(data, DecodeLimits(classify=native_classify_context), False, monkeypatch)
     assert isinstance(py, DecodeResult) and all(r.norm is None for r in py.spans)
+    unasked = _decode(data, DecodeLimits(), True, monkeypatch)  # limits without the tables
+    assert isinstance(unasked, DecodeResult) and all(r.norm is None for r in unasked.spans)
+    assert monitor_decode_limits(["team"]).classify is None  # key attributes: assembler
+
+
+def test_decoded_records_are_left_to_reference_counting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled decoder's records, their attribute dicts, event lists, events and
+    NormalizedSpans are not tracked by the cycle collector (they hold no reference back,
+    so no cycle), and a collection frees nothing a record still holds: an array value (a
+    tuple, itself tracked) and the shared resource stay intact."""
+    req = ExportTraceServiceRequest.FromString(_seeded_request(3))  # arrays and events
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    sp.attributes.add(key="gen_ai.operation.name").value.string_value = "chat"
+    data = req.SerializeToString()
+    out = _decode(data, DecodeLimits(), True, monkeypatch)
+    assert isinstance(out, DecodeResult)
+    rec = out.spans[0]
+    assert rec.events and isinstance(rec.attributes["kept.arr"], tuple)
+    held = [rec, rec.attributes, rec.events, *rec.events]
+    assert not any(gc.is_tracked(o) for o in held)
+    py = _decode(data, DecodeLimits(), False, monkeypatch)
+    assert isinstance(py, DecodeResult) and gc.is_tracked(py.spans[0])  # the Python decoder's
+    del py, held
+    gc.collect()
+    again = _decode(data, DecodeLimits(), False, monkeypatch)
+    assert isinstance(again, DecodeResult)
+    assert same_values(_fields(rec), _fields(again.spans[0]))

@@ -36,6 +36,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -134,6 +135,12 @@ class DecodeLimits:
     #: default) keeps every attribute, as readers and tools need.
     keep_keys: frozenset[str] | None = None
     keep_prefixes: tuple[str, ...] = ()
+    #: The pipeline's tables for classifying the common GenAI span while decoding
+    #: (``pipeline.normalize.native_classify_context``, passed in by whoever wires the
+    #: receivers to a pipeline, since the receivers do not depend on it): the compiled
+    #: decoder then sets ``SpanRecord.norm``. None (the default): no span is classified
+    #: here, the assembler classifies every one.
+    classify: Callable[[], dict[str, object]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_value_bytes", "max_attributes", "max_events"):
@@ -327,13 +334,11 @@ def value_sizes() -> dict[str, int]:
 @functools.lru_cache(maxsize=16)
 def _native_decoder(lim: DecodeLimits) -> Any:
     assert _native_module is not None
-    # the pipeline's tables: imported here, the receivers do not depend on the pipeline
-    from assaywatch.monitor.pipeline.normalize import native_classify_context
     keep = None if lim.keep_keys is None else sorted(lim.keep_keys)
     return _native_module.Decoder(
         keep, list(lim.keep_prefixes), sorted(LABEL_KEYS), lim.max_value_bytes,
         lim.max_attributes, lim.max_events, MAX_NAME_CHARS, MIN_TIME_NS, SpanRecord, SpanEvent,
-        value_sizes(), classify=native_classify_context())
+        value_sizes(), classify=None if lim.classify is None else lim.classify())
 
 
 def _native_decode(data: bytes | bytearray, lim: DecodeLimits,
