@@ -98,11 +98,6 @@ class _Clock:
         return self.now
 
 
-def monitor_limits(config: MonitorConfig) -> DecodeLimits:
-    """The limits the monitor's receivers decode with (``Monitor.start``)."""
-    return monitor_decode_limits(config.streams.key_attributes)
-
-
 def make_pipeline(config: MonitorConfig, clock: _Clock) -> Pipeline:
     engine = Engine(config.detectors, [], max_streams=config.limits.max_streams,
                     stream_idle_seconds=config.limits.stream_idle_seconds,
@@ -143,7 +138,7 @@ def measure(repeats: int = REPEATS, requests: int = REQUESTS,
             report: Callable[[str], None] = print) -> dict[str, list[float]]:
     """Per-span CPU microseconds of every stage and of the ceilings, one value per round."""
     config = MonitorConfig.from_mapping(CONFIG)
-    limits = monitor_limits(config)
+    limits = monitor_decode_limits(config.streams.key_attributes)  # as Monitor.start
     pool = RequestPool()
     clock = _Clock()
     pipe = make_pipeline(config, clock)

@@ -17,7 +17,7 @@ import pytest
 
 from assaywatch.monitor.config import ConfigError, MonitorConfig
 from assaywatch.monitor.engine.engine import Engine
-from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
+from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
 from assaywatch.monitor.receivers.otlp.decode import NATIVE_ENV, DecodeLimits, decode_proto_request
 from assaywatch.monitor.receivers.otlp.http_endpoint import OtlpEndpoint
 from assaywatch.monitor.receivers.spans import IngestCounters, SpanEvent, SpanRecord
@@ -199,7 +199,7 @@ def test_the_estimate_tracks_what_decoded_spans_hold(decoder: str, upper: float,
     if decoder == "native" and not NATIVE_INSTALLED:
         pytest.skip("the compiled decoder is not installed (pip install ./native)")
     monkeypatch.setenv(NATIVE_ENV, "1" if decoder == "native" else "0")
-    monitor_keys = DecodeLimits(keep_keys=READ_KEYS, keep_prefixes=READ_PREFIXES)
+    monitor_keys = monitor_decode_limits()  # as the monitor decodes: classified too
     every_key = DecodeLimits()
     plain = [s for i in range(20) for s in live_factory(i).agent_run(
         genai_run_script(["lookup", "refund", "search", "book"]), "genai")]

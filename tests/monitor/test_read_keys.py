@@ -1,7 +1,8 @@
 """The monitor decodes only the attribute keys its pipeline reads (``READ_KEYS``).
 
-The receivers of ``assaywatch monitor`` pass ``DecodeLimits(keep_keys=READ_KEYS,
-keep_prefixes=READ_PREFIXES)``: an attribute the normalizer reads but the list forgets
+The receivers of ``assaywatch monitor`` decode with ``monitor_decode_limits()``
+(``keep_keys=READ_KEYS``, ``keep_prefixes=READ_PREFIXES``, and the common span classified
+while decoding): an attribute the normalizer reads but the list forgets
 would silently change runs. These tests record every key the pipeline looks up on spans of
 every dialect and check it is listed, check that runs built from filtered spans equal the
 runs built from full spans, and that the decoders' filter keeps exactly the listed keys
@@ -19,7 +20,7 @@ import pytest
 
 from assaywatch.monitor.pipeline.assemble import assemble_all
 from assaywatch.monitor.pipeline.dialects import READ_KEYS, READ_PREFIXES
-from assaywatch.monitor.pipeline.normalize import classify
+from assaywatch.monitor.pipeline.normalize import classify, monitor_decode_limits
 from assaywatch.monitor.pipeline.runs import Node
 from assaywatch.monitor.receivers.files import request_to_json
 from assaywatch.monitor.receivers.otlp.decode import (
@@ -42,7 +43,7 @@ from tests.monitor.spanfactory import (
     tool_agent,
 )
 
-MONITOR_LIMITS = DecodeLimits(keep_keys=READ_KEYS, keep_prefixes=READ_PREFIXES)
+MONITOR_LIMITS = monitor_decode_limits()
 
 
 def _kept(key: str) -> bool:
