@@ -6,17 +6,21 @@ kill -9 are in test_kafka_kills.py."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import io
 import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from assaywatch.analyzers.model import StreamKey
 from assaywatch.monitor.engine.engine import Engine
+from assaywatch.monitor.scaleout.clients import RDKAFKA_LOGGER
 from assaywatch.monitor.scaleout.detector import DetectorWorker
 from assaywatch.monitor.scaleout.records import chain_step, encode_run, partition_key
 from assaywatch.monitor.scaleout.settings import KafkaSettings
@@ -58,6 +62,29 @@ def start(worker: DetectorWorker) -> threading.Thread:
     return t
 
 
+@contextlib.contextmanager
+def group_log(lines: int = 400) -> Iterator[collections.deque[str]]:
+    """The last ``lines`` of librdkafka's consumer-group log of the workers (debug
+    ``cgrp``), printed when the test fails: a stalled rebalance shows there."""
+    tail: collections.deque[str] = collections.deque(maxlen=lines)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            tail.append(f"{record.created:.3f} {record.getMessage()}")
+
+    handler = Keep(logging.DEBUG)
+    RDKAFKA_LOGGER.addHandler(handler)
+    level, propagate = RDKAFKA_LOGGER.level, RDKAFKA_LOGGER.propagate
+    RDKAFKA_LOGGER.setLevel(logging.DEBUG)
+    RDKAFKA_LOGGER.propagate = False  # the debug lines stay in the tail
+    try:
+        yield tail
+    finally:
+        RDKAFKA_LOGGER.removeHandler(handler)
+        RDKAFKA_LOGGER.setLevel(level)
+        RDKAFKA_LOGGER.propagate = propagate
+
+
 def caught_up(workers: list[DetectorWorker], bootstrap: str, topic: str) -> bool:
     his = {}
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
@@ -84,7 +111,7 @@ def test_join_and_leave_mid_stream_equal_one_engine(transactions: str,
                       alarms_topic="alarms", detect_group=f"g-{transactions}",
                       transactions=transactions, checkpoint_seconds=0.2,
                       session_timeout_ms=6000, transaction_timeout_ms=10000,
-                      client={"heartbeat.interval.ms": "300"})
+                      client={"heartbeat.interval.ms": "300", "debug": "cgrp"})
     prod = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     prod.produce("state", b"", b"init")  # the mock creates topics with 4 partitions
     prod.produce("alarms", b"", b"init")
@@ -99,25 +126,39 @@ def test_join_and_leave_mid_stream_equal_one_engine(transactions: str,
         prod.flush(10)
 
     t0 = time.monotonic()
-    publish(runs[:cut1], dup_every=25)
-    a = DetectorWorker(s, CONFIG)
-    ta = start(a)
-    h.wait_for(lambda: caught_up([a], bootstrap, "runs"), 30, "a caught up")
-    print(f"a caught up {time.monotonic() - t0:.1f} s")
-    b = DetectorWorker(s, CONFIG)
-    tb = start(b)  # joins: a revokes some partitions (checkpoint), b restores them
-    h.wait_for(lambda: len(b.parts) > 0 and len(a.parts) > 0, 30, "a shared assignment")
-    publish(runs[cut1:cut2], dup_every=25)
-    h.wait_for(lambda: caught_up([a, b], bootstrap, "runs"), 60, "both caught up")
-    print(f"shared and caught up {time.monotonic() - t0:.1f} s")
-    a.stop_event.set()  # leaves: b restores a's partitions from their checkpoints
-    ta.join(30)
-    h.wait_for(lambda: len(b.parts) == 4, 30, "b owning every partition")
-    publish(runs[cut2:], dup_every=25)
-    h.wait_for(lambda: caught_up([b], bootstrap, "runs"), 30, "b caught up")
-    print(f"b alone and caught up {time.monotonic() - t0:.1f} s")
-    b.stop_event.set()
-    tb.join(30)
+    workers: list[tuple[DetectorWorker, threading.Thread]] = []
+    with group_log() as tail:
+        try:
+            publish(runs[:cut1], dup_every=25)
+            a = DetectorWorker(s, CONFIG)
+            ta = start(a)
+            workers.append((a, ta))
+            h.wait_for(lambda: caught_up([a], bootstrap, "runs"), 60, "a caught up")
+            print(f"a caught up {time.monotonic() - t0:.1f} s")
+            b = DetectorWorker(s, CONFIG)
+            tb = start(b)  # joins: a revokes some partitions (checkpoint), b restores them
+            workers.append((b, tb))
+            # ~10 s here (two rebalances of the mock's group); the waits are only bounds
+            h.wait_for(lambda: len(b.parts) > 0 and len(a.parts) > 0, 90,
+                       "a shared assignment")
+            publish(runs[cut1:cut2], dup_every=25)
+            h.wait_for(lambda: caught_up([a, b], bootstrap, "runs"), 90, "both caught up")
+            print(f"shared and caught up {time.monotonic() - t0:.1f} s")
+            a.stop_event.set()  # leaves: b restores a's partitions from their checkpoints
+            ta.join(30)
+            h.wait_for(lambda: len(b.parts) == 4, 90, "b owning every partition")
+            publish(runs[cut2:], dup_every=25)
+            h.wait_for(lambda: caught_up([b], bootstrap, "runs"), 60, "b caught up")
+            print(f"b alone and caught up {time.monotonic() - t0:.1f} s")
+        except BaseException:
+            print(f"at {time.monotonic() - t0:.1f} s; the workers' group log, last lines:")
+            print("\n".join(tail))
+            raise
+        finally:  # a failed wait must not leave the workers polling a closed cluster
+            for w, _ in workers:
+                w.stop_event.set()
+            for _, t in workers:
+                t.join(30)
     assert not ta.errors and not tb.errors, (ta.errors, tb.errors)  # type: ignore[attr-defined]
 
     states = h.final_states(bootstrap, {"runs": "runs", "state": "state"})
