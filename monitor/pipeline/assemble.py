@@ -62,6 +62,7 @@ from assaywatch.monitor.pipeline.outcome import (
 )
 from assaywatch.monitor.pipeline.runs import Node, build_runs, resource_names
 from assaywatch.monitor.pipeline.values import evaluation_of
+from assaywatch.monitor.receivers.otlp.decode import gc_untrack
 from assaywatch.monitor.receivers.spans import KIND_EVALUATION, IngestCounters, SpanRecord
 
 logger = logging.getLogger(__name__)
@@ -323,7 +324,10 @@ class Assembler:
                     norm = span.norm  # classified by the compiled decoder
                     if norm is None or key_attributes:
                         norm = classify(span, key_attributes)
-                    node = Node(span, norm, names)
+                    # Not tracked by the cycle collector (it holds strings, numbers and
+                    # the NormalizedSpan, never a reference back): a young collection
+                    # would walk every pending trace's nodes for nothing.
+                    node = gc_untrack(Node(span, norm, names))
                 except Exception:
                     if not self._logged_bad:  # once: a bad producer would flood the log
                         self._logged_bad = True

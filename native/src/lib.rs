@@ -573,8 +573,28 @@ impl Decoder {
     }
 }
 
+/// `untrack(obj)`: `obj`, no longer tracked by the cycle collector when it was (a no-op
+/// for objects the collector does not handle, such as strings). For long-lived objects
+/// that cannot be part of a reference cycle (immutable tuples of strings and numbers, or
+/// slots objects holding only such values and untracked objects), so that young
+/// collections stop walking them; reference counting still frees them. Untracking an
+/// object that could be part of a cycle leaks that cycle: callers vouch for the shape.
+#[pyfunction]
+fn untrack(obj: Bound<'_, PyAny>) -> Bound<'_, PyAny> {
+    // SAFETY: `obj` is a live object (we hold a reference and the GIL).
+    // PyObject_GC_IsTracked is false for objects without the collector's header, so the
+    // header is only touched on objects that have one.
+    unsafe {
+        if pyo3::ffi::PyObject_GC_IsTracked(obj.as_ptr()) == 1 {
+            pyo3::ffi::PyObject_GC_UnTrack(obj.as_ptr().cast());
+        }
+    }
+    obj
+}
+
 #[pymodule]
 fn assaywatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
+    m.add_function(wrap_pyfunction!(untrack, m)?)?;
     Ok(())
 }

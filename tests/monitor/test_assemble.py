@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import sys
@@ -12,6 +13,7 @@ from assaywatch.analyzers.model import Action, Outcome, Run
 from assaywatch.monitor.pipeline.assemble import Assembler, assemble_all
 from assaywatch.monitor.pipeline.outcome import ContractRules
 from assaywatch.monitor.receivers.spans import AttrValue, IngestCounters, SpanRecord
+from tests.monitor.decoders import NATIVE_INSTALLED
 from tests.monitor.spanfactory import (
     DIALECTS,
     MS,
@@ -720,3 +722,36 @@ def test_pending_bytes_estimate_follows_the_measured_memory() -> None:
 def test_max_pending_bytes_is_validated() -> None:
     with pytest.raises(ValueError, match="max_pending_bytes"):
         Assembler(max_pending_bytes=10)
+
+
+@pytest.mark.skipif(not NATIVE_INSTALLED, reason="gc_untrack needs the compiled module "
+                    "(pip install ./native, needs Rust); without it nodes stay tracked")
+def test_pending_nodes_are_left_to_reference_counting() -> None:
+    """A pending trace's nodes are not tracked by the cycle collector (young collections
+    would walk every pending span for nothing): nothing a node refers to, followed all the
+    way down, leads back to a node or its trace, so no cycle can hold one; a collection
+    while the trace is pending changes nothing in its run."""
+    spans = SpanFactory(seed=11).agent_run(rich_script(), "genai")
+    reference = assemble_all(spans)
+    clock = FakeClock()
+    asm = Assembler(clock=clock, grace_s=1.0)
+    asm.add(spans)
+    (trace,) = asm._pending.values()
+    nodes = list(trace.nodes.values())
+    assert len(nodes) == len(spans)
+    assert not any(gc.is_tracked(n) for n in nodes)
+    containers = {id(trace), id(trace.nodes), *map(id, nodes)}
+    for node in nodes:  # everything reachable from a node: none of the containers
+        seen: set[int] = set()
+        todo = gc.get_referents(node)
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen or isinstance(obj, type):
+                continue
+            seen.add(id(obj))
+            assert id(obj) not in containers, (node.name, type(obj))
+            todo.extend(gc.get_referents(obj))
+    gc.collect()
+    clock.t += 2.0
+    runs = asm.poll()
+    assert [signature(r) for r in runs] == [signature(r) for r in reference]

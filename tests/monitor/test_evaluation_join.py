@@ -29,6 +29,7 @@ from assaywatch.monitor.receivers.spans import (
     SpanRecord,
     evaluation_record,
 )
+from tests.monitor.decoders import NATIVE_INSTALLED
 from tests.monitor.spanfactory import SpanFactory, tool_agent
 
 
@@ -146,15 +147,29 @@ def test_closed_runs_digests_are_not_walked_by_the_garbage_collector() -> None:
     clock = Clock()
     asm = _asm(clock)
     f = SpanFactory(seed=5)
-    asm.add(_run_spans(3) + f.http_request([tool_agent(name="a"), tool_agent(name="b")],
-                                           "genai"))
+    one = _run_spans(3)
+    two = f.http_request([tool_agent(name="a"), tool_agent(name="b")], "genai")
+    asm.add(one + two)
     clock.t = 2.0
-    assert len(asm.poll()) == 3
-    for _ in range(4):  # a tuple is untracked once its items are: a level per collection
-        gc.collect()
+    runs = asm.poll()
+    assert len(runs) == 3
     entries = list(asm.join._closed.values())
     assert len(entries) == 2
-    assert not any(gc.is_tracked(e) for e in entries)
+    parts = [x for _, digests in entries for d in digests for x in (d, d[4])
+             if x is not None]
+    assert len(parts) == 3 + 2  # 3 digests, the span ids of the two-run trace's 2
+    if NATIVE_INSTALLED:  # untracked as they are made: no collection walks them even once
+        assert not any(gc.is_tracked(e) for e in [*entries, *parts])
+    for _ in range(4):  # a tuple is untracked once its items are: a level per collection
+        gc.collect()
+    assert not any(gc.is_tracked(e) for e in [*entries, *parts])
+    # still whole: late evaluations of either trace name their runs
+    second = max((r for r in runs if r.trace_id == two[0].trace_id), key=lambda r: r.start_ns)
+    root_b = next(sp for sp in two if sp.span_id == second.root_span_id)
+    asm.add([_eval(_root(one), score=0.3), _eval(root_b, score=0.4)])
+    late = [x.run_id for x in asm.take_evaluations()]
+    first = next(r for r in runs if r.trace_id == one[0].trace_id)
+    assert late == [first.run_id, second.run_id]
 
 
 def test_digests_of_a_checkpoint_written_before_they_were_tuples_still_join() -> None:

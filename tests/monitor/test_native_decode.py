@@ -508,3 +508,18 @@ def test_decoded_records_are_left_to_reference_counting(
     again = _decode(data, DecodeLimits(), False, monkeypatch)
     assert isinstance(again, DecodeResult)
     assert same_values(_fields(rec), _fields(again.spans[0]))
+
+
+def test_gc_untrack_stops_tracking_only_what_the_collector_tracks() -> None:
+    """``gc_untrack`` returns its argument; with the compiled module a tracked tuple is no
+    longer tracked (and still whole), and objects the collector never handles (strings,
+    ints, None) pass through untouched; without it, nothing changes."""
+    digest = tuple(["run", "agent", 1, tuple("ab")])  # made at run time: tracked
+    assert gc.is_tracked(digest)
+    assert decode_module._tracked_as_is(digest) is digest and gc.is_tracked(digest)
+    if not NATIVE_INSTALLED:
+        pytest.skip("the compiled module is not installed (pip install ./native)")
+    assert decode_module.gc_untrack(digest) is digest
+    assert not gc.is_tracked(digest) and digest == ("run", "agent", 1, ("a", "b"))
+    for atom in ("text", 12345678901234567890, None, 1.5):
+        assert decode_module.gc_untrack(atom) is atom

@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -70,6 +70,22 @@ try:  # the optional compiled decoder (native/: ``pip install ./native``, needs 
 except ImportError:  # pragma: no cover - depends on the install
     _native_module = None
 
+
+_T = TypeVar("_T")
+
+
+def _tracked_as_is(obj: _T) -> _T:
+    return obj
+
+
+#: ``gc_untrack(obj)`` returns ``obj`` no longer tracked by the cycle collector (the
+#: compiled module's ``untrack``; without it, ``obj`` as is). For long-lived objects that
+#: cannot be part of a reference cycle (tuples of strings and numbers, slots objects
+#: holding only such values), so young collections stop walking them while reference
+#: counting still frees them; the caller vouches for the shape (an untracked cycle leaks).
+gc_untrack: Callable[[_T], _T] = (_tracked_as_is if _native_module is None
+                                  else _native_module.untrack)
+
 __all__ = [
     "DEFAULT_MAX_ATTRIBUTES",
     "DEFAULT_MAX_EVENTS",
@@ -78,6 +94,7 @@ __all__ = [
     "DecodeLimits",
     "DecodeResult",
     "decode_proto_request",
+    "gc_untrack",
     "records_from_request",
 ]
 
