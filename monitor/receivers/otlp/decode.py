@@ -83,8 +83,8 @@ def _tracked_as_is(obj: _T) -> _T:
 #: cannot be part of a reference cycle (tuples of strings and numbers, slots objects
 #: holding only such values), so young collections stop walking them while reference
 #: counting still frees them; the caller vouches for the shape (an untracked cycle leaks).
-gc_untrack: Callable[[_T], _T] = (_tracked_as_is if _native_module is None
-                                  else _native_module.untrack)
+#: A compiled module built before ``untrack`` existed leaves objects tracked.
+gc_untrack: Callable[[_T], _T] = getattr(_native_module, "untrack", None) or _tracked_as_is
 
 __all__ = [
     "DEFAULT_MAX_ATTRIBUTES",
