@@ -307,18 +307,18 @@ detectors:
 Row = tuple[str, float, float, float, int, list[float], list[float]]
 
 
-def throughput(tmp: Path, pool: RequestPool, pinned: bool, durable: bool = False,
-               ) -> list[Row]:
+def throughput(tmp: Path, pool: RequestPool, ceiling_bodies: list[bytes], pinned: bool,
+               durable: bool = False) -> list[Row]:
     """Per path: (path, sender-accepted spans/s, end-to-end spans/s, runs/s (medians over
     the rounds), back-pressure answers (all rounds), the rounds' shares of the parse + walk
     ceiling, and of the parse ceiling); ``durable``: the monitor with a state dir
     (``--state-dir``, as deploy/ runs it), so every accepted batch is written to the
-    write-ahead log before its answer, and without the real SDK's row."""
+    write-ahead log before its answer, and without the real SDK's row. Each round's
+    ceilings are timed on ``ceiling_bodies`` (never sent) just before it."""
     extra = ("--state-dir", str(tmp / "state")) if durable else ()
     mon = start_monitor(THROUGHPUT_CONFIG, tmp, "throughput-durable" if durable
                         else "throughput", *extra)
     suffix = ", state dir" if durable else ""
-    ceiling_bodies = pool.build(100, start=5 * 10**6 + (10**5 if durable else 0))
     paths = (("OTLP/HTTP protobuf, replayed", http_sender, "otlp_http"),
              ("OTLP/gRPC, replayed", grpc_sender, "otlp_grpc"))
     got: dict[str, list[tuple[float, float, float, int, float, float]]] = {
@@ -489,8 +489,8 @@ def main() -> None:
     parse_rate, walk_rate = ceilings(ceiling_bodies)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        rows = throughput(tmp, pool, pinned)
-        durable_rows = throughput(tmp, pool, pinned, durable=True)
+        rows = throughput(tmp, pool, ceiling_bodies, pinned)
+        durable_rows = throughput(tmp, pool, ceiling_bodies, pinned, durable=True)
         idle, hwm, rss, pending = pending_rss(tmp, pool)
         times, size, with_baseline = scrape_times(tmp, pool)
     if pinned:
