@@ -107,9 +107,13 @@ def path_key(run: Run) -> str:
     s = ">".join(
         f"{value[st.action]}:{st.tool}" if st.tool else value[st.action] for st in run.steps
     )
-    if len(s) > MAX_PATH_CHARS:
-        return "#" + hashlib.blake2b(s.encode(), digest_size=16).hexdigest()
-    return s
+    return hashed_path(s) if len(s) > MAX_PATH_CHARS else s
+
+
+def hashed_path(path: str) -> str:
+    """``"#"`` + the 16-byte BLAKE2b hex digest of a serialised path: how
+    :func:`path_key` keeps a path longer than ``MAX_PATH_CHARS``."""
+    return "#" + hashlib.blake2b(path.encode(), digest_size=16).hexdigest()
 
 
 def abstract_states(run: Run) -> set[str]:
@@ -122,6 +126,19 @@ def abstract_states(run: Run) -> set[str]:
         out.add(f"{prev}>{cur}{'!' if s.error else ''}")
         prev = cur
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageParts:
+    """What :meth:`CoverageTracker.add` reads of a run, when computed beforehand (the
+    engine's one pass over the steps, ``monitor/engine/features.py``): the decision path
+    (:func:`path_key`), the abstract states (:func:`abstract_states`), the distinct step
+    models (truthy ``Step.model``) and the named tool calls (``Run.tools_used``)."""
+
+    path: str
+    states: Collection[str]
+    step_models: Iterable[str]
+    tools_used: Iterable[str]
 
 
 def default_boundary_hits(run: Run) -> list[str]:
@@ -236,25 +253,39 @@ class CoverageTracker:
         if self.max_distinct < 1:
             raise ValueError(f"max_distinct must be >= 1, got {self.max_distinct}")
 
-    def add(self, run: Run) -> None:
-        """Account for one run: O(steps) time, memory bounded by ``max_distinct``."""
+    def add(self, run: Run, parts: CoverageParts | None = None) -> None:
+        """Account for one run: O(steps) time, memory bounded by ``max_distinct``.
+
+        ``parts``: the run's path, abstract states, step models and named tool calls when
+        the caller computed them already (they must be :func:`path_key`'s,
+        :func:`abstract_states`', the distinct truthy ``Step.model``s and
+        ``Run.tools_used`` of this run)."""
         self.n_runs += 1
-        for t in run.tools_used:
+        if parts is None:
+            tools_used: Iterable[str] = run.tools_used
+            p = path_key(run)
+            states: Collection[str] = abstract_states(run)
+            step_models: Iterable[str] = {s.model for s in run.steps if s.model}
+        else:
+            tools_used, p, states, step_models = (parts.tools_used, parts.path, parts.states,
+                                                  parts.step_models)
+        for t in tools_used:
             self.tools_used[t] += 1
-        p = path_key(run)
         if p in self.path_counts or len(self.path_counts) < self.max_distinct:
             self.path_counts[p] += 1
         else:
             self.paths_dropped += 1
-        for st in abstract_states(run):
+        if len(self.states) + len(states) > self.max_distinct:
+            # near the cap, which states are kept must not depend on a set's order
+            states = sorted(states)
+        for st in states:
             if st in self.states:
                 continue
             if len(self.states) < self.max_distinct:
                 self.states.add(st)
             else:
                 self.states_dropped += 1
-        models = set(run.models) | {s.model for s in run.steps if s.model}
-        for m in models:
+        for m in set(run.models).union(step_models):
             self.models[m] += 1
         if self.boundaries is not None:
             known = self.boundaries

@@ -98,6 +98,7 @@ from assaywatch.monitor.engine.calibration import (
     cache_key,
     run_job,
 )
+from assaywatch.monitor.engine.features import RunFeatures, run_features
 from assaywatch.monitor.engine.signals import (
     FINGERPRINT,
     OUTCOME,
@@ -303,12 +304,11 @@ class Engine:
             det = watch.detector if watch is not None else None
             if det is None or not hasattr(det, "prime") or len(group) < 2:
                 continue
-            tools = st.baseline.tools
+            features = self._features(st)
             inputs = []
             for run in group:
-                fp = fingerprint(run, tools)
-                x = self._fingerprint_input(st, run, fp)
-                prepared[id(run)] = (run, det, fp, x)
+                fp, x, parts = features(run)
+                prepared[id(run)] = (run, det, fp, x, parts)
                 inputs.append(x)
             det.prime(inputs)
             primed.append(det)
@@ -955,11 +955,11 @@ class Engine:
         pre = self.__dict__.get("_prepared", {}).pop(id(run), None)
         watch = st.watches.get("cusum_fingerprint")
         if pre is not None and pre[0] is run and watch is not None and watch.detector is pre[1]:
-            fp, x = pre[2], pre[3]
+            fp, x, parts = pre[2], pre[3], pre[4]
         else:
-            fp, x = fingerprint(run, base.tools), None
+            fp, x, parts = self._features(st)(run)
         if st.coverage is not None:
-            st.coverage.add(run)
+            st.coverage.add(run, parts)
         judged = str(run.attributes.get(REASON_KEY, "")).startswith("evaluation")
         if st.late_verdicts and not judged:
             # the stream's judge answers after the run closes: wait for its verdict
@@ -968,8 +968,7 @@ class Engine:
             fired.extend(self._outcome(st, run.outcome))
         fired.extend(self._release_held(st, run.end_ns))
         st.recent_fps.append(fp)
-        fired.extend(self._feed(st, FINGERPRINT,
-                                self._fingerprint_input(st, run, fp) if x is None else x))
+        fired.extend(self._feed(st, FINGERPRINT, x))
         if st.monitored_runs % cfg.hotelling_every == 0:
             # The status (the fingerprint verdict and shifts, the pass-rate verdict, the
             # budget) is refreshed at the Hotelling cadence from the window as it is now.
@@ -997,14 +996,15 @@ class Engine:
                            st.n_runs if stream_run is None else stream_run)
 
     @staticmethod
-    def _fingerprint_input(st: StreamState, run: Run, fp: np.ndarray) -> np.ndarray:
-        """What the fingerprint watch reads: the fingerprint, then the run's latency sums
-        when its chart has a latency chart (``detectors/latency.py``)."""
+    def _features(st: StreamState) -> RunFeatures:
+        """What the stream's detectors read of a run (``features.py``): the fingerprint
+        over the baseline's tools; what the fingerprint watch reads, the fingerprint then
+        the run's latency sums when its chart has a latency chart
+        (``detectors/latency.py``); the coverage tracker's parts."""
+        assert st.baseline is not None
         watch = st.watches.get("cusum_fingerprint")
         kinds = getattr(watch.detector, "latency_kinds", ()) if watch is not None else ()
-        if not kinds:
-            return fp
-        return np.concatenate([fp, latency.stats_vector(latency.run_stats(run), kinds)])
+        return run_features(tuple(st.baseline.tools), tuple(kinds))
 
     def _raise(self, st: StreamState, fired: list[tuple[str, dict[str, Any]]], run_id: str,
                time_ns: int, stream_run: int | None) -> list[AlarmEvent]:

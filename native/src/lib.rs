@@ -12,6 +12,7 @@
 //! The protobuf parse runs without the GIL; building the Python objects holds it.
 
 mod classify;
+mod features;
 mod otlp;
 
 // The parse allocates a small buffer per string and per repeated field; mimalloc serves
@@ -595,6 +596,7 @@ fn untrack(obj: Bound<'_, PyAny>) -> Bound<'_, PyAny> {
 #[pymodule]
 fn assaywatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
+    m.add_class::<features::FeaturePlan>()?;
     m.add_function(wrap_pyfunction!(untrack, m)?)?;
     Ok(())
 }

@@ -1,0 +1,96 @@
+"""What the engine reads of each run it monitors, in one pass over the run's steps.
+
+A monitored run is read four times by the statistics, each its own loop over the steps: its
+fingerprint (``analyzers.fingerprint``), its latency sums per charted kind
+(``analyzers.detectors.latency``: ``run_stats`` then ``stats_vector``), and what the
+stream's coverage tracker counts (``analyzers.coverage``: the decision path, the abstract
+states, the step models and tools). With the compiled module (native/,
+``assaywatch_native``) they are computed in one pass, with the same arithmetic in the same
+order: the values are those of the Python functions bit for bit
+(``tests/monitor/test_native_features.py``), which remain the specification and compute
+any run the compiled pass declines (a field of an unexpected type, counts beyond 2^53) or
+every run when the module is absent or ``ASSAYWATCH_NATIVE=0``.
+
+The fingerprint's five logarithms are numpy's ``log1p`` on both paths (the compiled pass
+leaves them to numpy: numpy's ``log1p`` and the C library's differ in the last bit for
+some inputs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from assaywatch.analyzers.coverage import MAX_PATH_CHARS, CoverageParts, hashed_path
+from assaywatch.analyzers.detectors import latency
+from assaywatch.analyzers.fingerprint import N_FIXED, feature_names, fingerprint
+from assaywatch.analyzers.model import Action, Run
+from assaywatch.monitor.receivers.otlp.decode import native_available
+
+try:
+    import assaywatch_native as _native_module
+except ImportError:  # pragma: no cover - the pure-Python install
+    _native_module = None
+
+__all__ = ["RunFeatures", "run_features"]
+
+F64 = NDArray[np.float64]
+
+_ACTIONS = (Action.LLM, Action.TOOL, Action.RETRIEVE, Action.HANDOFF, Action.AGENT,
+            Action.OTHER)
+
+
+class RunFeatures:
+    """The features of runs of one layout: the stream's tool inventory ``tools`` (the
+    fingerprint's ``tool:`` columns) and the latency kinds its chart reads ``kinds``
+    (empty: the chart reads the fingerprint alone)."""
+
+    __slots__ = ("d", "kinds", "size", "tools", "_plan")
+
+    def __init__(self, tools: Sequence[str], kinds: Sequence[str]) -> None:
+        feature_names(tools)  # the inventory's checks
+        self.tools = tuple(tools)
+        self.kinds = tuple(kinds)
+        self.d = N_FIXED + len(self.tools)
+        self.size = self.d + latency.N_STATS * len(self.kinds)
+        plan_type = getattr(_native_module, "FeaturePlan", None)
+        self._plan = None
+        if plan_type is not None and native_available():
+            slots = {k: i for i, k in enumerate(self.kinds)}
+            self._plan = plan_type(
+                _ACTIONS, {t: i for i, t in enumerate(self.tools)}, len(self.tools),
+                {k[len("tool:"):]: i for k, i in slots.items() if k.startswith("tool:")},
+                slots.get("llm"), slots.get("retrieve"), len(self.kinds))
+
+    def __call__(self, run: Run) -> tuple[F64, F64, CoverageParts | None]:
+        """``(fingerprint, x, parts)``: the run's fingerprint; what the fingerprint chart
+        reads (the fingerprint followed by the latency sums of ``kinds``; the fingerprint
+        itself without kinds); the coverage parts (None from the Python functions: the
+        tracker computes them)."""
+        plan = self._plan
+        if plan is not None and type(run.steps) is list:
+            got = plan.compute(run.steps, run.output_length, run.duration_s, run.error)
+            if got is not None:
+                buf, path, states, models, tools_used = got
+                row = np.frombuffer(buf, dtype=np.float64)
+                size = self.size
+                logs = np.log1p(row[size:])
+                row[0], row[3], row[11], row[12], row[13] = logs
+                x = row[:size]
+                if len(path) > MAX_PATH_CHARS:
+                    path = hashed_path(path)
+                return x[:self.d], x, CoverageParts(path, states, models, tools_used)
+        fp = fingerprint(run, self.tools)
+        if not self.kinds:
+            return fp, fp, None
+        lat = latency.stats_vector(latency.run_stats(run), self.kinds)
+        return fp, np.concatenate([fp, lat]), None
+
+
+@functools.lru_cache(maxsize=1024)
+def run_features(tools: tuple[str, ...], kinds: tuple[str, ...]) -> RunFeatures:
+    """The :class:`RunFeatures` of a layout, made once."""
+    return RunFeatures(tools, kinds)
