@@ -123,6 +123,7 @@ Hypothesis Testing and Changepoint Detection. CRC Press.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -149,6 +150,11 @@ TOOL_PREFIX = "tool:"
 #: swapped run's LR grows with its calls of the tool swapped to
 RUN_CLIP = 8.0
 _NONE = np.zeros(0, dtype=np.int64)
+
+try:  # the recursion over a primed batch, compiled (native/src/cusum.rs)
+    from assaywatch_native import cusum_path as _cusum_path
+except ImportError:  # pragma: no cover - the pure-Python install
+    _cusum_path = None
 
 
 def _pinv(cov: F64, sd: F64, eig_tol: float) -> F64:
@@ -458,8 +464,23 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         y = np.stack([self._project(x[:d]) for x in xs])
         up, down = self._increments(mat, y)
         primed = self.__dict__.setdefault("_primed", {})
-        for x, u, v in zip(xs, up, down, strict=True):
-            primed[id(x)] = (x, u, v)
+        if _cusum_path is None or os.environ.get("ASSAYWATCH_NATIVE", "1") == "0":
+            for x, u, v in zip(xs, up, down, strict=True):
+                primed[id(x)] = (x, u, v)
+            return
+        # The states after each input, should the inputs come in this order from the
+        # present state: update() takes the state of an input whose predecessor's state
+        # (this very array object) is the chart's, else adds its increments as usual.
+        path_up, path_down, fired = _cusum_path(
+            np.ascontiguousarray(up), np.ascontiguousarray(down), self._h[0], self._h[1],
+            np.ascontiguousarray(self._up), np.ascontiguousarray(self._down), self._drift)
+        m = self._up.size
+        ups = list(np.frombuffer(path_up, dtype=np.float64).reshape(len(xs), m))
+        downs = list(np.frombuffer(path_down, dtype=np.float64).reshape(len(xs), m))
+        prev_up, prev_down = self._up, self._down
+        for x, u, v, su, sd, f in zip(xs, up, down, ups, downs, fired, strict=True):
+            primed[id(x)] = (x, u, v, prev_up, prev_down, su, sd, f)
+            prev_up, prev_down = su, sd
 
     def unprime(self) -> None:
         """Forget the increments :meth:`prime` computed and :meth:`update` did not use."""
@@ -471,6 +492,13 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         primed = self.__dict__.get("_primed")
         hit = primed.pop(id(x), None) if primed else None
         if hit is not None and hit[0] is x:
+            if len(hit) > 3 and hit[3] is self._up and hit[4] is self._down:
+                # the primed path from this very state (a restart after an alarm included)
+                self._drift = False
+                self._n += 1
+                self._up, self._down = hit[5], hit[6]
+                self._alarm(hit[7])
+                return
             self._begin_update()
             inc_up, inc_down = hit[1], hit[2]
         else:

@@ -12,6 +12,7 @@
 //! The protobuf parse runs without the GIL; building the Python objects holds it.
 
 mod classify;
+mod cusum;
 mod features;
 mod otlp;
 
@@ -598,5 +599,6 @@ fn assaywatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
     m.add_class::<features::FeaturePlan>()?;
     m.add_function(wrap_pyfunction!(untrack, m)?)?;
+    m.add_function(wrap_pyfunction!(cusum::cusum_path, m)?)?;
     Ok(())
 }

@@ -209,3 +209,51 @@ def test_multichart_primed_increments_equal_one_at_a_time() -> None:
             assert one._down.tobytes() == batched._down.tobytes()
         batched.unprime()
     assert sum(alarms_one) >= 3 and alarms_batched == alarms_one
+
+
+def test_multichart_primed_path_equals_one_at_a_time(monkeypatch) -> None:
+    """With the compiled recursion (``native/src/cusum.rs``), a primed batch's states
+    come from one call per batch and are bit for bit those of one update at a time,
+    through alarms and the restarts after them; with it disabled (``ASSAYWATCH_NATIVE=0``)
+    the same states come from the increments."""
+    from assaywatch.analyzers.detectors import multichart
+    from assaywatch.analyzers.detectors.multichart import MultichartCUSUM
+
+    if multichart._cusum_path is None:
+        pytest.skip("the compiled module is not installed (pip install ./native)")
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    real = multichart._cusum_path
+    monkeypatch.setattr(multichart, "_cusum_path", counted)
+    rng = np.random.default_rng(5)
+    d = 5
+    a = rng.standard_normal((d, d))
+    cov = a @ a.T / d + np.eye(d)
+    xs = [rng.multivariate_normal(np.full(d, 1.0 if t >= 40 else 0.0), cov)
+          for t in range(240)]
+    for native in ("1", "0"):
+        monkeypatch.setenv("ASSAYWATCH_NATIVE", native)
+        calls.clear()
+        one = MultichartCUSUM(np.zeros(d), cov, h=3.0)
+        batched = MultichartCUSUM(np.zeros(d), cov, h=3.0)
+        alarms_one, alarms_batched = [], []
+        for start in range(0, 240, 30):
+            chunk = xs[start:start + 30]
+            batched.prime(chunk)
+            for x in chunk:
+                one.update(x)
+                batched.update(x)
+                alarms_one.append(one.drift_detected)
+                alarms_batched.append(batched.drift_detected)
+                assert one._up.tobytes() == batched._up.tobytes()
+                assert one._down.tobytes() == batched._down.tobytes()
+                assert one.statistic == batched.statistic and one.n == batched.n
+            batched.unprime()
+        assert len(calls) == (8 if native == "1" else 0)
+        # several alarms, some inside a batch with runs after them (a restart)
+        assert sum(alarms_one) >= 5 and alarms_batched == alarms_one
+        assert batched.n_alarms == one.n_alarms == sum(alarms_one)
