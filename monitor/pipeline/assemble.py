@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.config import AssemblerConfig
 from assaywatch.monitor.pipeline.join import EvaluationJoin, LateEvaluation
-from assaywatch.monitor.pipeline.normalize import classify
+from assaywatch.monitor.pipeline.normalize import NormalizedSpan, classify
 from assaywatch.monitor.pipeline.outcome import (
     DEFAULT_SCORE_THRESHOLD,
     ContractRules,
@@ -75,7 +75,7 @@ DEFAULT_MAX_PENDING_BYTES: int = AssemblerConfig().max_pending_bytes
 #: dict entry) before its variable-size facts. Measured with ``tracemalloc`` on CPython
 #: 3.11 (tests/monitor/test_assemble.py checks the estimate against it).
 TRACE_BYTES = 900
-SPAN_BYTES = 350
+SPAN_BYTES = 360
 #: Per mapping entry (evaluations, tool definitions, run marks).
 _ENTRY_BYTES = 100
 #: Sender key of spans without a string ``service.name``.
@@ -87,16 +87,30 @@ _VICTIM_WALK = 64
 
 def node_bytes(node: Node) -> int:
     """Estimated memory a pending trace holds for one span: a fixed part plus the sizes of
-    the attribute values the span keeps (its name, tool, agent, scenario, model, provider
-    and service names, evaluations, tool definitions, run marks). Names are mostly shared
-    between spans (``runs.share``), so their characters are counted without an object
-    header: the estimate stays an upper bound without charging a name twice. Message
-    content is not kept (only its length), so it does not count."""
+    the attribute values the span keeps (its name and service names, and the values of
+    its :class:`NormalizedSpan`, :func:`kept_bytes`). Names are mostly shared between
+    spans (``runs.share``), so their characters are counted without an object header: the
+    estimate stays an upper bound without charging a name twice. Message content is not
+    kept (only its length), so it does not count."""
     n = node.norm
+    kept = n.nbytes
+    if kept < 0:
+        kept = n.nbytes = kept_bytes(n)
+    size = SPAN_BYTES + len(node.name) + kept
+    if node.service:
+        size += len(node.service)
+    if node.service_version:
+        size += len(node.service_version)
+    return size
+
+
+def kept_bytes(n: NormalizedSpan) -> int:
+    """The part of :func:`node_bytes` a span's :class:`NormalizedSpan` holds: the
+    characters of its tool, agent, version, scenario, model and provider names, and its
+    evaluations, tool definitions and run marks (``NormalizedSpan.nbytes`` keeps it)."""
     # filter(None, ...) leaves out the absent (None) and empty names: C-level passes
-    size = SPAN_BYTES + len(node.name) + sum(map(len, filter(None, (
-        n.tool, n.agent_name, n.agent_version, n.scenario, n.model, n.provider,
-        node.service, node.service_version))))
+    size = sum(map(len, filter(None, (n.tool, n.agent_name, n.agent_version, n.scenario,
+                                      n.model, n.provider))))
     if n.evaluations:
         size += len(n.evaluations) * 2 * _ENTRY_BYTES
     if n.tool_definitions:

@@ -46,7 +46,7 @@ Decisions (documented because they shape the fingerprint):
 from __future__ import annotations
 
 from collections.abc import Iterable, KeysView, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from assaywatch.analyzers.model import Action
 from assaywatch.monitor.pipeline.dialects import (
@@ -135,6 +135,10 @@ class NormalizedSpan:
     #: An OpenInference AGENT span named like a LangGraph model node (``agent``): below a
     #: container span it is the graph's plumbing, not an agent (runs.py decides).
     graph_node: bool = False
+    #: The estimated bytes of the values above a pending span keeps
+    #: (``assemble.kept_bytes``), -1 until first needed (the compiled decoder's classifier
+    #: fills it in). Derived, so not compared.
+    nbytes: int = field(default=-1, compare=False, repr=False)
 
 
 MAX_SHARED = 8_192

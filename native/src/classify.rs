@@ -248,9 +248,16 @@ impl Classifier {
             },
             None => None,
         };
+        // `NormalizedSpan.nbytes`: the characters of its non-empty names (no
+        // evaluations, tool definitions or marks in the common case); see
+        // `assemble.kept_bytes`
+        let mut nbytes = 0usize;
+        for s in [&tool, &agent, &version, &scenario, &model, &provider].into_iter().flatten() {
+            nbytes += s.len()?;
+        }
         let none = py.None().into_bound(py);
         let empty = PyTuple::empty(py).into_any();
-        let args: [Bound<'py, PyAny>; 20] = [
+        let args: [Bound<'py, PyAny>; 21] = [
             kind.bind(py).clone(),
             action.bind(py).clone(),
             is_agent.into_pyobject(py)?.to_owned().into_any(),
@@ -271,6 +278,7 @@ impl Classifier {
             none,
             empty,
             false.into_pyobject(py)?.to_owned().into_any(),
+            nbytes.into_pyobject(py)?.into_any(),
         ];
         Ok(Some(crate::untracked(self.normalized_span.bind(py).call1(PyTuple::new(py, args)?)?)))
     }

@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from assaywatch.monitor.pipeline.assemble import kept_bytes
 from assaywatch.monitor.pipeline.dialects import (
     INPUT_TOKEN_KEYS,
     MODEL_KEYS,
@@ -405,9 +406,10 @@ def _genai_request(rng: random.Random, n: int, tag: int) -> bytes:
 
 
 def _typed(norm: NormalizedSpan) -> list[tuple[type, Any]]:
-    """Every field with its type: ``True == 1`` must not hide a bool for an int."""
+    """Every compared field with its type: ``True == 1`` must not hide a bool for an int
+    (``nbytes``, derived, is checked on its own)."""
     return [(type(getattr(norm, f.name)), getattr(norm, f.name))
-            for f in dataclasses.fields(norm)]
+            for f in dataclasses.fields(norm) if f.compare]
 
 
 def test_spans_classified_while_decoding_are_classified_as_classify_does(
@@ -433,6 +435,8 @@ def test_spans_classified_while_decoding_are_classified_as_classify_does(
                 continue
             expected = classify(rec)
             assert _typed(rec.norm) == _typed(expected), rec
+            # the byte estimate of its kept values, made while decoding, is the Python one
+            assert expected.nbytes == -1 and rec.norm.nbytes == kept_bytes(expected) >= 0
             assert rec.norm.kind is expected.kind and rec.norm.action is expected.action
             assert not rec.events and not gc.is_tracked(rec.norm)
             assert not any(k in rec.attributes for k in _COMPLEX), rec.attributes
