@@ -252,6 +252,26 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
         else:
             tops.append(n)
     tops.sort(key=_order)
+    if len(tops) == 1:
+        # The common trace: one run root with every other span directly below it. The
+        # walk below would give this very run; built here without its stack.
+        top = tops[0]
+        kids = children.get(top.span_id, ())
+        if len(kids) == len(nodes) - 1 and _roots_run(top, nodes, False):
+            s = top.norm
+            run = _RunParts(top, _entry_agent(top, children, nodes)
+                            if s.kind is _WORKFLOW and not s.agent_name else None)
+            sid = top.span_id
+            absorbed = run.absorbed
+            for c in reversed(kids):  # the walk's order: last pushed, first taken
+                cn = c.norm
+                if cn.kind is _CHAIN or (cn.graph_node and _under_container(c, nodes)) \
+                        or c is absorbed:
+                    run.hide(c, sid)
+                else:
+                    run.entries.append((c, 1, sid))
+            return [_make_run(trace_id, run, nodes, rules, score_threshold,
+                              include_generic_steps, key_attributes)]
 
     runs: list[_RunParts] = []
     # Per top: the nodes outside every run, with depth below the top, the nearest
