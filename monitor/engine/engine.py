@@ -304,10 +304,9 @@ class Engine:
             det = watch.detector if watch is not None else None
             if det is None or not hasattr(det, "prime") or len(group) < 2:
                 continue
-            features = self._features(st)
             inputs = []
-            for run in group:
-                fp, x, parts = features(run)
+            for run, (fp, x, parts) in zip(group, self._features(st).many(group),
+                                            strict=True):
                 prepared[id(run)] = (run, det, fp, x, parts)
                 inputs.append(x)
             det.prime(inputs)

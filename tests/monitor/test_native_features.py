@@ -191,3 +191,23 @@ def test_a_tracker_fed_the_parts_counts_as_one_fed_the_runs() -> None:
     assert by_parts.models == by_runs.models
     assert by_parts.paths_dropped == by_runs.paths_dropped
     assert by_parts.states_dropped == by_runs.states_dropped
+
+
+@pytest.mark.parametrize("tools,kinds", LAYOUTS)
+def test_many_runs_at_once_equal_one_at_a_time(tools: tuple[str, ...],
+                                               kinds: tuple[str, ...]) -> None:
+    """``RunFeatures.many`` (one numpy pass over a batch's logarithms, as the engine's
+    prepare uses it) gives each run the values of a call on it alone, bit for bit; a run
+    the compiled pass declines (a count past 2^53) is computed by the Python functions in
+    its place."""
+    rng = random.Random(11)
+    runs = [random_run(rng, rng.choice([0, 1, 4, 9, 30])) for _ in range(120)]
+    runs[7].steps.append(Step(Action.LLM, input_tokens=2**60))
+    features = RunFeatures(tools, kinds)
+    batch = features.many(runs)
+    assert len(batch) == len(runs)
+    for run, (fp, x, parts) in zip(runs, batch, strict=True):
+        fp1, x1, parts1 = features(run)
+        assert _bits(fp) == _bits(fp1) and _bits(x) == _bits(x1)
+        assert parts == parts1
+    assert batch[7][2] is None and all(b[2] is not None for i, b in enumerate(batch) if i != 7)
