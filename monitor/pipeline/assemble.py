@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 from assaywatch.analyzers.model import Run
 from assaywatch.monitor.config import AssemblerConfig
 from assaywatch.monitor.pipeline.join import EvaluationJoin, LateEvaluation
-from assaywatch.monitor.pipeline.normalize import NormalizedSpan, classify
+from assaywatch.monitor.pipeline.normalize import ENTRY_BYTES, NormalizedSpan, classify
 from assaywatch.monitor.pipeline.outcome import (
     DEFAULT_SCORE_THRESHOLD,
     ContractRules,
@@ -77,7 +77,7 @@ DEFAULT_MAX_PENDING_BYTES: int = AssemblerConfig().max_pending_bytes
 TRACE_BYTES = 900
 SPAN_BYTES = 360
 #: Per mapping entry (evaluations, tool definitions, run marks).
-_ENTRY_BYTES = 100
+_ENTRY_BYTES = ENTRY_BYTES
 #: Sender key of spans without a string ``service.name``.
 UNKNOWN_SENDER = ""
 #: Oldest pending traces looked at for one of a sender above its share before the senders

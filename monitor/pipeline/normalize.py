@@ -380,6 +380,14 @@ def classify(span: SpanRecord, key_attributes: tuple[str, ...] = ()) -> Normaliz
 #: ids of a tool call and ``tool.name`` (read only when ``gen_ai.tool.name`` is not a
 #: non-empty string, a span the common case leaves to ``classify``), the resource's names.
 _NATIVE_IGNORED = ("gen_ai.tool.call.id", "tool.name", "service.name", "service.version")
+#: The evaluation keys ``values.evaluation_of`` reads (name, label, score, pass flag), in
+#: the order the compiled classifier takes them: an evaluation given as attributes (not as
+#: an event) with a numeric score and a bool flag is read while decoding.
+_NATIVE_EVALUATION_KEYS = ("gen_ai.evaluation.name", "gen_ai.evaluation.score.label",
+                           "gen_ai.evaluation.score.value", "assaywatch.evaluation.passed")
+#: Estimated bytes of one entry of a pending span's evaluations, tool definitions or run
+#: marks (``assemble.kept_bytes``; an evaluation counts two).
+ENTRY_BYTES = 100
 
 
 def native_classify_context() -> dict[str, object]:
@@ -389,7 +397,9 @@ def native_classify_context() -> dict[str, object]:
 
     The common case: ``gen_ai.operation.name`` in :data:`OPERATION_KINDS` decides the kind
     (rule 1) and it is not a handoff; no event; the names under the agent, version, model,
-    provider and scenario keys are strings (or absent) and the token counts integers; a
+    provider and scenario keys are strings (or absent) and the token counts integers; an
+    evaluation given as attributes has a numeric (or no) score, a bool (or no) pass flag
+    and a string or integer (or no) name and label; a
     tool span's ``gen_ai.tool.name`` is a non-empty string, not ``transfer_to_...``, on a
     span not named ``handoff to ...``; and the span carries none of ``complex_keys`` or
     ``complex_prefixes``: every other key :data:`READ_KEYS` lists (evaluations, costs,
@@ -401,7 +411,7 @@ def native_classify_context() -> dict[str, object]:
     """
     simple = {"gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.agent.name", "agent.name",
               "gen_ai.agent.version", *MODEL_KEYS, *PROVIDER_KEYS, *INPUT_TOKEN_KEYS,
-              *OUTPUT_TOKEN_KEYS, *SCENARIO_KEYS, *_NATIVE_IGNORED}
+              *OUTPUT_TOKEN_KEYS, *SCENARIO_KEYS, *_NATIVE_IGNORED, *_NATIVE_EVALUATION_KEYS}
     return {
         "op_key": "gen_ai.operation.name", "tool_key": "gen_ai.tool.name",
         "agent_keys": ["gen_ai.agent.name", "agent.name"],
@@ -414,6 +424,8 @@ def native_classify_context() -> dict[str, object]:
                      for op, kind in OPERATION_KINDS.items()},
         "provider_renames": dict(PROVIDER_RENAMES),
         "normalized_span": NormalizedSpan, "share": share,
+        "evaluation_keys": list(_NATIVE_EVALUATION_KEYS), "evaluation": Evaluation,
+        "evaluation_bytes": 2 * ENTRY_BYTES,
     }
 
 

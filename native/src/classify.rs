@@ -49,9 +49,13 @@ pub const MAX_SLOTS: usize = 40;
 pub enum Seen<'py> {
     Str(Bound<'py, PyString>, bool),
     Int(i64),
+    /// A float (only an evaluation's score reads one).
+    Float(f64),
+    /// A bool (only an evaluation's pass flag reads one).
+    Bool(bool),
     /// None: an unset value (`first_value` skips it).
     Null,
-    /// A bool, float, bytes, array or map: the common case gives up on it.
+    /// Bytes, an array or a map: the common case gives up on it.
     Other,
 }
 
@@ -76,6 +80,22 @@ enum KindCode {
     Other,
 }
 
+/// Slots of the evaluation keys, in the order the context lists them.
+const EV_NAME: usize = 0;
+const EV_LABEL: usize = 1;
+const EV_SCORE: usize = 2;
+const EV_PASSED: usize = 3;
+
+/// `as_str` of a value: Err where the common case gives up (a float or bool).
+fn as_str<'py>(py: Python<'py>, v: Option<&Seen<'py>>) -> Result<Option<Bound<'py, PyString>>, ()> {
+    match v {
+        None | Some(Seen::Null) => Ok(None),
+        Some(Seen::Str(s, empty)) => Ok(if *empty { None } else { Some(s.clone()) }),
+        Some(Seen::Int(i)) => Ok(Some(PyString::new(py, &i.to_string()))),
+        Some(_) => Err(()),
+    }
+}
+
 pub struct Classifier {
     pub roles: HashMap<String, Role>,
     pub complex_prefixes: Vec<String>,
@@ -85,6 +105,12 @@ pub struct Classifier {
     renames: HashMap<String, String>,
     normalized_span: Py<PyAny>,
     share: Py<PyAny>,
+    /// The slots of `gen_ai.evaluation.name`, `.score.label`, `.score.value` and
+    /// `assaywatch.evaluation.passed` (`values.evaluation_of`), the `Evaluation` class and
+    /// the bytes an evaluation adds to `NormalizedSpan.nbytes`.
+    ev_slots: [usize; 4],
+    evaluation: Py<PyAny>,
+    evaluation_bytes: usize,
 }
 
 /// The value `first_value` would pick in a group: the first neither None nor "".
@@ -134,6 +160,16 @@ impl Classifier {
                 next += 1;
             }
         }
+        let mut ev_slots = [0usize; 4];
+        let ev_keys: Vec<String> = get("evaluation_keys")?.extract()?;
+        if ev_keys.len() != 4 {
+            return Err(pyo3::exceptions::PyValueError::new_err("classify context: four evaluation keys"));
+        }
+        for (i, k) in ev_keys.into_iter().enumerate() {
+            ev_slots[i] = next;
+            roles.entry(k).or_insert(Role::Slot(next));
+            next += 1;
+        }
         if next > MAX_SLOTS {
             return Err(pyo3::exceptions::PyValueError::new_err("classify context: too many keys"));
         }
@@ -164,6 +200,9 @@ impl Classifier {
             renames: get("provider_renames")?.extract()?,
             normalized_span: get("normalized_span")?.unbind(),
             share: get("share")?.unbind(),
+            ev_slots,
+            evaluation: get("evaluation")?.unbind(),
+            evaluation_bytes: get("evaluation_bytes")?.extract()?,
         })
     }
 
@@ -235,9 +274,31 @@ impl Classifier {
             let input = tokens_of(slots, g[G_INPUT])?;
             let output = tokens_of(slots, g[G_OUTPUT])?;
             let scenario = name_of(slots, g[G_SCENARIO])?;
-            Ok((tool, is_agent, is_entry, agent, version, provider, model, input, output, scenario))
+            // `evaluation_of` of the attributes: None unless a label, score or pass flag
+            // is set; a score or flag given as a string is left to `classify`
+            let ev = |i: usize| slots.values[self.ev_slots[i]].as_ref();
+            let set = |v: Option<&Seen<'_>>| !matches!(v, None | Some(Seen::Null));
+            let evaluation = if set(ev(EV_LABEL)) || set(ev(EV_SCORE)) || set(ev(EV_PASSED)) {
+                let score = match ev(EV_SCORE) {
+                    None | Some(Seen::Null) | Some(Seen::Bool(_)) => None,
+                    Some(Seen::Int(i)) => Some(*i as f64),
+                    Some(Seen::Float(f)) => Some(*f),
+                    Some(_) => return Err(()),
+                }
+                .filter(|f| f.is_finite());
+                let passed = match ev(EV_PASSED) {
+                    Some(Seen::Bool(b)) => Some(*b),
+                    Some(Seen::Str(..)) => return Err(()),
+                    _ => None,
+                };
+                Some((as_str(py, ev(EV_NAME))?, as_str(py, ev(EV_LABEL))?, score, passed))
+            } else {
+                None
+            };
+            Ok((tool, is_agent, is_entry, agent, version, provider, model, input, output, scenario, evaluation))
         };
-        let Ok((tool, is_agent, is_entry, agent, version, provider, model, input, output, scenario)) = attempt()
+        let Ok((tool, is_agent, is_entry, agent, version, provider, model, input, output, scenario, evaluation)) =
+            attempt()
         else {
             return Ok(None);
         };
@@ -257,6 +318,14 @@ impl Classifier {
         }
         let none = py.None().into_bound(py);
         let empty = PyTuple::empty(py).into_any();
+        let evaluations = match evaluation {
+            None => empty.clone(),
+            Some((name, label, score, passed)) => {
+                nbytes += self.evaluation_bytes;
+                let ev = self.evaluation.bind(py).call1((name, label, score, passed))?;
+                PyTuple::new(py, [ev])?.into_any()
+            }
+        };
         let args: [Bound<'py, PyAny>; 21] = [
             kind.bind(py).clone(),
             action.bind(py).clone(),
@@ -273,7 +342,7 @@ impl Classifier {
             none.clone(),
             output.into_pyobject(py)?.into_any(),
             (status_code == 2).into_pyobject(py)?.to_owned().into_any(),
-            empty.clone(),
+            evaluations,
             empty.clone(),
             none,
             empty,

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use classify::{Classifier, Role, Seen, Slots};
 use otlp::any_value::Value;
@@ -289,6 +289,10 @@ impl Decoder {
                             Seen::Str(text.clone(), text.to_str()?.is_empty())
                         } else if value.is_exact_instance_of::<PyInt>() {
                             value.extract::<i64>().map(Seen::Int).unwrap_or(Seen::Other)
+                        } else if let Ok(f) = value.cast_exact::<PyFloat>() {
+                            Seen::Float(f.value())
+                        } else if let Ok(b) = value.cast_exact::<PyBool>() {
+                            Seen::Bool(b.is_true())
                         } else {
                             Seen::Other
                         });

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import random
 from collections import Counter
 from typing import Any
@@ -42,6 +43,7 @@ from assaywatch.monitor.pipeline.normalize import (
     monitor_decode_limits,
     native_classify_context,
 )
+from assaywatch.monitor.pipeline.outcome import Evaluation
 from assaywatch.monitor.receivers.otlp import decode as decode_module
 from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, DecodeResult
@@ -358,8 +360,17 @@ _SIMPLE: dict[str, list[Any]] = {
     **{k: _TOKENS for k in (*INPUT_TOKEN_KEYS, *OUTPUT_TOKEN_KEYS)},
     "gen_ai.tool.call.id": ["call_1"], "tool.name": ["lookup"], "service.name": ["svc"],
     "http.method": ["GET"],
+    # an evaluation given as attributes: numeric, NaN, infinite, string and bool scores,
+    # bool, string and int pass flags
+    "gen_ai.evaluation.name": _NAMES, "gen_ai.evaluation.score.label": _NAMES + ["Correct"],
+    "gen_ai.evaluation.score.value": [
+        AnyValue(double_value=0.8), AnyValue(int_value=1), AnyValue(double_value=math.nan),
+        AnyValue(double_value=-math.inf), "0.7", AnyValue(bool_value=True), AnyValue()],
+    "assaywatch.evaluation.passed": [
+        AnyValue(bool_value=True), AnyValue(bool_value=False), "true", " TRUE ", "no",
+        AnyValue(int_value=1), AnyValue()],
 }
-_COMPLEX = ["error.type", "gen_ai.evaluation.name", "assaywatch.output.length",
+_COMPLEX = ["error.type", "assaywatch.output.length",
             "assaywatch.run.mark", "gen_ai.transfer.target.name", "traceloop.span.kind",
             "langfuse.observation.type", "gen_ai.tool.definitions", "llm.cost.total",
             "gen_ai.output.messages", "llm.output_messages.0.message.content",
@@ -420,7 +431,7 @@ def test_spans_classified_while_decoding_are_classified_as_classify_does(
     carrying an event or a key it leaves to ``classify``."""
     rng = random.Random(1204)
     made: Counter[str] = Counter()
-    left = 0
+    left = evaluated = 0
     handoff_named = 0  # tool spans only a "handoff to" name sends to classify
     for i in range(100):
         data = _genai_request(rng, 30, i)
@@ -441,7 +452,9 @@ def test_spans_classified_while_decoding_are_classified_as_classify_does(
             assert not rec.events and not gc.is_tracked(rec.norm)
             assert not any(k in rec.attributes for k in _COMPLEX), rec.attributes
             made[rec.attributes["gen_ai.operation.name"]] += 1
+            evaluated += bool(rec.norm.evaluations)
     assert set(made) == set(OPERATION_KINDS) - {"handoff"}, made
+    assert evaluated > 30, evaluated  # the evaluation branch is exercised
     assert left > 500 and handoff_named > 10, (left, handoff_named)
 
 
@@ -469,19 +482,27 @@ def test_the_common_span_is_classified_while_decoding(
     span("execute_tool t", gen_ai__operation__name="execute_tool",
          gen_ai__tool__name="transfer_to_billing")
     span("chat gpt", gen_ai__operation__name="chat").events.add(name="exception")
-    span("chat gpt", gen_ai__operation__name="chat", gen_ai__evaluation__name="q")
+    span("chat gpt", gen_ai__operation__name="chat", gen_ai__evaluation__name="q",
+         gen_ai__evaluation__score__value="0.9")  # a score as text: classify parses it
     span("chat gpt", gen_ai__operation__name="chat",
          gen_ai__usage__input_tokens=AnyValue(double_value=3.0))
+    span("invoke_agent a", gen_ai__operation__name="invoke_agent", gen_ai__agent__name="a",
+         gen_ai__evaluation__name="q", gen_ai__evaluation__score__value=AnyValue(
+             double_value=0.25), assaywatch__evaluation__passed=AnyValue(bool_value=False))
     data = req.SerializeToString()
     out = _decode(data, DecodeLimits(classify=native_classify_context), True, monkeypatch)
     assert isinstance(out, DecodeResult)
-    chat, tool, *others = out.spans
+    chat, tool, *others, evaluated = out.spans
     assert (chat.norm.kind, chat.norm.provider, chat.norm.model, chat.norm.input_tokens,
             chat.norm.output_tokens, chat.norm.output_length, chat.norm.error) == (
         Kind.LLM, "gcp.gemini", "gemini-2", 30, 0, 0, False)
     assert (tool.norm.kind, tool.norm.tool, tool.norm.is_agent_span) == (Kind.TOOL, "lookup",
                                                                         False)
     assert [r.norm for r in others] == [None, None, None, None]
+    # an evaluation given as attributes, with a numeric score and a bool flag
+    assert (evaluated.norm.agent_name, evaluated.norm.evaluations) == (
+        "a", (Evaluation(name="q", score=0.25, passed=False),))
+    assert evaluated.norm.nbytes == len("a") + 200
     py = _decode(data, DecodeLimits(classify=native_classify_context), False, monkeypatch)
     assert isinstance(py, DecodeResult) and all(r.norm is None for r in py.spans)
     unasked = _decode(data, DecodeLimits(), True, monkeypatch)  # limits without the tables
