@@ -10,6 +10,11 @@
 //! a malformed request are upb's.
 //!
 //! The protobuf parse runs without the GIL; building the Python objects holds it.
+//!
+//! The module also holds two kernels of the engine, each the compiled twin of Python code
+//! that stays its specification and fallback: `features` (a monitored run's fingerprint,
+//! latency sums and coverage parts in one pass over its steps) and `cusum` (the fingerprint
+//! chart's recursion over a primed batch).
 
 mod classify;
 mod cusum;
