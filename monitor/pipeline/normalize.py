@@ -429,12 +429,16 @@ def native_classify_context() -> dict[str, object]:
     }
 
 
-def monitor_decode_limits(key_attributes: Iterable[str] = ()) -> DecodeLimits:
+def monitor_decode_limits(key_attributes: Iterable[str] = (),
+                          classified_attributes: bool = True) -> DecodeLimits:
     """The decode limits of the monitor's receivers: only the attributes the pipeline
     reads (:data:`READ_KEYS`, :data:`READ_PREFIXES` and the stream key attributes) are
     converted, the rest is skipped before its value is read; and, with no stream key
     attributes (which the compiled decoder does not read), the common span is classified
-    while decoding (:func:`native_classify_context`)."""
+    while decoding (:func:`native_classify_context`). ``classified_attributes=False``: a
+    span classified while decoding keeps no attributes (its ``norm`` holds what the
+    pipeline reads), for a monitor without a write-ahead log to replay them from."""
     keys = frozenset(key_attributes)
     return DecodeLimits(keep_keys=READ_KEYS | keys, keep_prefixes=READ_PREFIXES,
-                        classify=None if keys else native_classify_context)
+                        classify=None if keys else native_classify_context,
+                        classified_attributes=classified_attributes)

@@ -31,6 +31,7 @@ from assaywatch.monitor.engine.engine import Engine
 from assaywatch.monitor.engine.streams import AlarmEvent
 from assaywatch.monitor.exporters.events import EventLog
 from assaywatch.monitor.pipeline.join import EvaluationJoin
+from assaywatch.monitor.receivers.otlp.decode import DecodeLimits
 from assaywatch.monitor.receivers.spans import IngestCounters
 from assaywatch.monitor.service.counters import (
     DurableCounters,
@@ -221,10 +222,21 @@ class Monitor:
             except Exception:
                 logger.exception("checkpoint failed")
 
+    def decode_limits(self) -> DecodeLimits:
+        """The receivers' decode limits. Only the attributes the pipeline reads are
+        decoded: the rest (message content, HTTP and framework attributes) is skipped
+        before conversion, saving time and memory; the compiled decoder classifies the
+        common span on the way. Without a write-ahead log nothing reads a classified
+        span's attributes after that, so they are not kept while the span waits in the
+        queue; with one, they are what a restart replays."""
+        from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
+
+        return monitor_decode_limits(self.config.streams.key_attributes,
+                                     classified_attributes=self.wal is not None)
+
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> dict[str, str]:
         from assaywatch.monitor.exporters.status import StatusServer
-        from assaywatch.monitor.pipeline.normalize import monitor_decode_limits
         from assaywatch.monitor.receivers.otlp.grpc_receiver import GrpcReceiver
         from assaywatch.monitor.receivers.otlp.http_receiver import HttpReceiver
 
@@ -247,10 +259,7 @@ class Monitor:
         self.pipeline.start()
         listen = self.config.listen
         ing = self.config.ingest
-        # Decode only the attributes the pipeline reads: the rest (message content, HTTP
-        # and framework attributes) is skipped before conversion, saving time and memory;
-        # the compiled decoder classifies the common span on the way.
-        limits = monitor_decode_limits(self.config.streams.key_attributes)
+        limits = self.decode_limits()
         if listen.otlp_grpc:
             host, port = parse_hostport(listen.otlp_grpc, "otlp_grpc")
             with _listener("OTLP/gRPC", listen.otlp_grpc, "--otlp-grpc"):

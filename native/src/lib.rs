@@ -151,6 +151,9 @@ struct Decoder {
     size: SizeOf,
     /// Classifies the common GenAI span while decoding (None: the assembler classifies).
     classifier: Option<Classifier>,
+    /// False: a span classified while decoding keeps an empty attribute dict
+    /// (`DecodeLimits.classified_attributes`).
+    classified_attributes: bool,
 }
 
 /// `obj`, no longer tracked by the cycle collector. A record, its events and their list,
@@ -373,7 +376,7 @@ impl Decoder {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (keep_keys, keep_prefixes, label_keys, max_value_bytes, max_attributes,
                         max_events, max_name_chars, min_time_ns, span_record, span_event, sizes,
-                        classify=None))]
+                        classify=None, classified_attributes=true))]
     fn new(
         py: Python<'_>,
         keep_keys: Option<Vec<String>>,
@@ -388,6 +391,7 @@ impl Decoder {
         span_event: Py<PyAny>,
         sizes: HashMap<String, usize>,
         classify: Option<Bound<'_, PyDict>>,
+        classified_attributes: bool,
     ) -> PyResult<Self> {
         let keep_keys = keep_keys.map(|keys| {
             keys.into_iter()
@@ -435,6 +439,7 @@ impl Decoder {
             span_event,
             size,
             classifier: classify.map(|ctx| Classifier::from_context(&ctx)).transpose()?,
+            classified_attributes,
         })
     }
 
@@ -543,6 +548,11 @@ impl Decoder {
                         _ => None,
                     }
                     .unwrap_or_else(|| py.None().into_bound(py));
+                    let (attrs, attrs_bytes) = if self.classified_attributes || norm.is_none() {
+                        (attrs, attrs_bytes)
+                    } else {
+                        (PyDict::new(py), 0) // its norm holds what the pipeline reads
+                    };
                     nbytes += z.record + chars(name) + chars(message) + attrs_bytes
                         + resource_bytes.take().unwrap_or(0);
                     let args: [Bound<'py, PyAny>; 14] = [

@@ -49,8 +49,10 @@ from assaywatch.monitor.receivers.otlp.bounds import MIN_TIME_NS
 from assaywatch.monitor.receivers.otlp.decode import DecodeError, DecodeLimits, DecodeResult
 from assaywatch.monitor.receivers.spans import SpanBatch
 from assaywatch.monitor.service.pipeline import batch_bytes
+from tests.e2e.rawotlp import genai_run_script, request_from_records
 from tests.monitor.decoders import NATIVE_INSTALLED
 from tests.monitor.sdkspans import same_values
+from tests.monitor.spanfactory import SpanFactory
 
 pytestmark = pytest.mark.skipif(
     not NATIVE_INSTALLED,
@@ -508,6 +510,51 @@ def test_the_common_span_is_classified_while_decoding(
     unasked = _decode(data, DecodeLimits(), True, monkeypatch)  # limits without the tables
     assert isinstance(unasked, DecodeResult) and all(r.norm is None for r in unasked.spans)
     assert monitor_decode_limits(["team"]).classify is None  # key attributes: assembler
+
+
+def test_classified_spans_keep_no_attributes_when_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DecodeLimits(classified_attributes=False)`` (a monitor without a write-ahead
+    log): a span classified while decoding keeps an empty attribute dict, its
+    ``NormalizedSpan`` unchanged; a span left to ``classify`` keeps its attributes; every
+    other field, the counters and the classification are those of the default; the byte
+    estimate is ``batch_bytes`` of the records as they are (smaller)."""
+    rng = random.Random(17)
+    data = _genai_request(rng, 800, 5)  # about one in six the decoder classifies
+    kept = _decode(data, _CLASSIFY_LIMITS[0], True, monkeypatch)
+    lean = _decode(data, dataclasses.replace(_CLASSIFY_LIMITS[0], classified_attributes=False),
+                   True, monkeypatch)
+    assert isinstance(kept, DecodeResult) and isinstance(lean, DecodeResult)
+    assert (kept.rejected, kept.limited, kept.sanitised) == (
+        lean.rejected, lean.limited, lean.sanitised)
+    n_classified = 0
+    for a, b in zip(kept.spans, lean.spans, strict=True):
+        assert same_values(_fields(a)[:9], _fields(b)[:9])
+        assert same_values(_fields(a)[10:], _fields(b)[10:])
+        if a.norm is None:  # NaN values compare as equal here
+            assert b.norm is None and same_values(b.attributes, a.attributes)
+        else:
+            n_classified += 1
+            assert _typed(b.norm) == _typed(a.norm) and b.norm.nbytes == a.norm.nbytes
+            assert b.attributes == {} and a.attributes
+    assert n_classified > 50
+    # the estimate, on realistic GenAI runs (no key given twice, so the decoder gives one)
+    spans = [sp for i in range(20) for sp in
+             SpanFactory(seed=i, capture_content=False).agent_run(
+                 genai_run_script(["lookup", "refund"]), "genai")]
+    real = request_from_records(spans).SerializeToString()
+    est = {}
+    for flag in (True, False):
+        out = _decode(real, dataclasses.replace(_CLASSIFY_LIMITS[0],
+                                                classified_attributes=flag), True, monkeypatch)
+        assert isinstance(out, DecodeResult) and isinstance(out.spans, SpanBatch)
+        assert sum(r.norm is not None for r in out.spans) >= len(spans) * 0.8
+        assert all(bool(r.attributes) == (flag or r.norm is None) for r in out.spans)
+        assert_estimate(out.spans)
+        est[flag] = out.spans.nbytes
+    assert est[False] < est[True]
+    with pytest.raises(ValueError, match="classified_attributes"):
+        DecodeLimits(classified_attributes=1)  # type: ignore[arg-type]
 
 
 def test_decoded_records_are_left_to_reference_counting(

@@ -536,3 +536,19 @@ def test_a_late_evaluation_acknowledged_before_a_kill_is_counted_once(tmp_path) 
         assert again.counters.snapshot()[0] == {"otlp_http": 10 * SPANS_PER_RUN}
     finally:
         again.stop()
+
+
+def test_classified_spans_keep_attributes_only_for_the_write_ahead_log(tmp_path) -> None:
+    """A monitor without a state dir decodes with ``classified_attributes=False`` (nothing
+    reads a classified span's attributes after the decoder); with one, the write-ahead log
+    replays them after a crash, so they are kept."""
+    listen = {"otlp_grpc": "", "otlp_http": "", "metrics": "127.0.0.1:0"}
+    lean = Monitor(MonitorConfig.from_mapping({"listen": listen}))
+    durable = Monitor(MonitorConfig.from_mapping({"listen": listen,
+                                                  "state_dir": str(tmp_path)}))
+    assert lean.wal is None and durable.wal is not None
+    assert lean.decode_limits().classified_attributes is False
+    assert durable.decode_limits().classified_attributes is True
+    # both read the same keys and classify while decoding
+    assert lean.decode_limits().keep_keys == durable.decode_limits().keep_keys
+    assert lean.decode_limits().classify is not None

@@ -158,6 +158,12 @@ class DecodeLimits:
     #: decoder then sets ``SpanRecord.norm``. None (the default): no span is classified
     #: here, the assembler classifies every one.
     classify: Callable[[], dict[str, object]] | None = None
+    #: False: a span classified while decoding keeps no attributes (an empty dict): its
+    #: ``SpanRecord.norm`` holds what the pipeline reads of them. For a monitor without a
+    #: write-ahead log, which would need them to replay the span; building the dict and
+    #: dropping it at once saves the memory it would hold while the span waits in the
+    #: queue. True (the default): every record keeps its attributes.
+    classified_attributes: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_value_bytes", "max_attributes", "max_events"):
@@ -170,6 +176,9 @@ class DecodeLimits:
         if not isinstance(self.keep_prefixes, tuple):
             raise ValueError("DecodeLimits.keep_prefixes must be a tuple of key prefixes, "
                              f"got {type(self.keep_prefixes).__name__}")
+        if not isinstance(self.classified_attributes, bool):
+            raise ValueError("DecodeLimits.classified_attributes must be a bool, got "
+                             f"{self.classified_attributes!r}")
 
 
 DEFAULT_LIMITS = DecodeLimits()
@@ -355,7 +364,8 @@ def _native_decoder(lim: DecodeLimits) -> Any:
     return _native_module.Decoder(
         keep, list(lim.keep_prefixes), sorted(LABEL_KEYS), lim.max_value_bytes,
         lim.max_attributes, lim.max_events, MAX_NAME_CHARS, MIN_TIME_NS, SpanRecord, SpanEvent,
-        value_sizes(), classify=None if lim.classify is None else lim.classify())
+        value_sizes(), classify=None if lim.classify is None else lim.classify(),
+        classified_attributes=lim.classified_attributes)
 
 
 def _native_decode(data: bytes | bytearray, lim: DecodeLimits,
