@@ -58,7 +58,9 @@ class RunFeatures:
         self.size = self.d + latency.N_STATS * len(self.kinds)
         plan_type = getattr(_native_module, "FeaturePlan", None)
         self._plan = None
-        if plan_type is not None and native_available():
+        # (a kind listed twice is left to Python, which fills both of its places)
+        if plan_type is not None and native_available() and \
+                len(set(self.kinds)) == len(self.kinds):
             slots = {k: i for i, k in enumerate(self.kinds)}
             self._plan = plan_type(
                 _ACTIONS, {t: i for i, t in enumerate(self.tools)}, len(self.tools),
