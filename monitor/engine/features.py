@@ -72,19 +72,52 @@ class RunFeatures:
         reads (the fingerprint followed by the latency sums of ``kinds``; the fingerprint
         itself without kinds); the coverage parts (None from the Python functions: the
         tracker computes them)."""
+        got = self._compute(run)
+        if got is None:
+            return self._python(run)
+        row = np.frombuffer(got[0], dtype=np.float64)
+        size = self.size
+        logs = np.log1p(row[size:])
+        row[0], row[3], row[11], row[12], row[13] = logs
+        x = row[:size]
+        return x[:self.d], x, _parts(got)
+
+    def many(self, runs: Sequence[Run]) -> list[tuple[F64, F64, CoverageParts | None]]:
+        """``[self(run) for run in runs]``, the same values, with one numpy pass over the
+        runs' logarithms instead of one per run (numpy's ``log1p`` gives each element
+        the same bits in an array of any length)."""
+        if self._plan is None or len(runs) < 2:
+            return [self(run) for run in runs]
+        got = [self._compute(run) for run in runs]
+        done = [g for g in got if g is not None]
+        if not done:
+            return [self._python(run) for run in runs]
+        size, d = self.size, self.d
+        mat = np.frombuffer(bytearray(b"".join(g[0] for g in done)),
+                            dtype=np.float64).reshape(len(done), size + 5)
+        mat[:, _LOG_COLUMNS] = np.log1p(np.ascontiguousarray(mat[:, size:]))
+        out: list[tuple[F64, F64, CoverageParts | None]] = []
+        i = 0
+        for run, g in zip(runs, got, strict=True):
+            if g is None:
+                out.append(self._python(run))
+                continue
+            x = mat[i, :size]
+            i += 1
+            out.append((x[:d], x, _parts(g)))
+        return out
+
+    def _compute(self, run: Run) -> tuple[bytearray, str, list[str], list[str], list[str]] | None:
+        """The compiled pass's answer for ``run`` (None: no plan, or it declines the run)."""
         plan = self._plan
-        if plan is not None and type(run.steps) is list:
-            got = plan.compute(run.steps, run.output_length, run.duration_s, run.error)
-            if got is not None:
-                buf, path, states, models, tools_used = got
-                row = np.frombuffer(buf, dtype=np.float64)
-                size = self.size
-                logs = np.log1p(row[size:])
-                row[0], row[3], row[11], row[12], row[13] = logs
-                x = row[:size]
-                if len(path) > MAX_PATH_CHARS:
-                    path = hashed_path(path)
-                return x[:self.d], x, CoverageParts(path, states, models, tools_used)
+        if plan is None or type(run.steps) is not list:
+            return None
+        got: tuple[bytearray, str, list[str], list[str], list[str]] | None = plan.compute(
+            run.steps, run.output_length, run.duration_s, run.error)
+        return got
+
+    def _python(self, run: Run) -> tuple[F64, F64, None]:
+        """The Python functions' fingerprint and chart input (the specification)."""
         fp = fingerprint(run, self.tools)
         if not self.kinds:
             return fp, fp, None
@@ -92,35 +125,13 @@ class RunFeatures:
         return fp, np.concatenate([fp, lat]), None
 
 
-    def many(self, runs: Sequence[Run]) -> list[tuple[F64, F64, CoverageParts | None]]:
-        """``[self(run) for run in runs]``, the same values, with one numpy pass over the
-        runs' logarithms instead of one per run (numpy's ``log1p`` gives each element
-        the same bits in an array of any length)."""
-        plan = self._plan
-        if plan is None or len(runs) < 2:
-            return [self(run) for run in runs]
-        got = [plan.compute(run.steps, run.output_length, run.duration_s, run.error)
-               if type(run.steps) is list else None for run in runs]
-        done = [g for g in got if g is not None]
-        out: list[tuple[F64, F64, CoverageParts | None]] = []
-        if not done:
-            return [self(run) for run in runs]
-        size, d = self.size, self.d
-        mat = np.frombuffer(bytearray(b"".join(g[0] for g in done)),
-                            dtype=np.float64).reshape(len(done), size + 5)
-        mat[:, _LOG_COLUMNS] = np.log1p(np.ascontiguousarray(mat[:, size:]))
-        i = 0
-        for run, g in zip(runs, got, strict=True):
-            if g is None:
-                out.append(self(run))
-                continue
-            x = mat[i, :size]
-            i += 1
-            path = g[1]
-            if len(path) > MAX_PATH_CHARS:
-                path = hashed_path(path)
-            out.append((x[:d], x, CoverageParts(path, g[2], g[3], g[4])))
-        return out
+def _parts(got: tuple[bytearray, str, list[str], list[str], list[str]]) -> CoverageParts:
+    """The coverage parts of a compiled answer (a path too long kept as its digest, as
+    ``coverage.path_key`` keeps it)."""
+    path = got[1]
+    if len(path) > MAX_PATH_CHARS:
+        path = hashed_path(path)
+    return CoverageParts(path, got[2], got[3], got[4])
 
 
 #: The fingerprint's log columns, in the order the compiled pass gives their arguments.

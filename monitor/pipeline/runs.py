@@ -264,9 +264,7 @@ def build_runs(trace_id: str, nodes: dict[str, Node], counters: IngestCounters,
             sid = top.span_id
             absorbed = run.absorbed
             for c in reversed(kids):  # the walk's order: last pushed, first taken
-                cn = c.norm
-                if cn.kind is _CHAIN or (cn.graph_node and _under_container(c, nodes)) \
-                        or c is absorbed:
+                if _is_plumbing(c, nodes) or c is absorbed:
                     run.hide(c, sid)
                 else:
                     run.entries.append((c, 1, sid))

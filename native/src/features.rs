@@ -186,16 +186,15 @@ impl FeaturePlan {
         let mut out_tokens: i64 = 0;
         let mut last_llm_out: i64 = 0;
         let mut lat_seen = vec![false; self.n_kinds];
-        // The step's tools, borrowed from their Python strings (kept alive in `tool_objs`);
-        // runs have few steps, so sets are small vectors searched in order.
+        // The steps' tools, kept as their Python strings (borrowed as `&str` below); the
+        // sets of a run's values are `SmallSet`s.
         let mut tool_objs: Vec<Option<Bound<'py, PyString>>> = Vec::with_capacity(n);
         // per step: (action, error); the tool is tool_objs[i]
         let mut keys: Vec<(usize, bool)> = Vec::with_capacity(n);
         let mut path = String::with_capacity(16 * n);
-        // the states, one after the other in `state_buf`, each its (start, end)
+        // every step's state, one after the other in `state_buf`, each its (start, end)
         let mut state_buf = String::with_capacity(32 * n);
         let mut states: Vec<(usize, usize)> = Vec::with_capacity(n);
-        let mut state_set: Option<HashSet<String>> = None;
         let mut model_objs: Vec<Bound<'py, PyString>> = Vec::new();
         let tools_used = PyList::empty(py);
         let (mut prev_start, mut prev_end) = (0usize, 0usize); // in `path`; empty: "^"
@@ -334,23 +333,7 @@ impl FeaturePlan {
             if error {
                 state_buf.push('!');
             }
-            let state = &state_buf[state_start..];
-            let known = match &state_set {
-                Some(h) => h.contains(state),
-                None => states.iter().any(|&(i, j)| &state_buf[i..j] == state),
-            };
-            if known {
-                state_buf.truncate(state_start);
-            } else {
-                if let Some(h) = &mut state_set {
-                    h.insert(state.to_owned());
-                }
-                states.push((state_start, state_buf.len()));
-                if state_set.is_none() && states.len() > SMALL {
-                    state_set =
-                        Some(states.iter().map(|&(i, j)| state_buf[i..j].to_owned()).collect());
-                }
-            }
+            states.push((state_start, state_buf.len()));
             (prev_start, prev_end) = (cur_start, cur_end);
             if a == TOOL && named.is_some() {
                 if let Some(t) = &tool_obj {
@@ -418,7 +401,13 @@ impl FeaturePlan {
         for v in &row {
             bytes.extend_from_slice(&v.to_ne_bytes());
         }
-        let states = PyList::new(py, states.iter().map(|&(i, j)| &state_buf[i..j]))?;
+        let distinct = PyList::empty(py);
+        let mut seen_states: SmallSet<&str> = SmallSet::new();
+        for &(i, j) in &states {
+            if seen_states.insert(&state_buf[i..j]) {
+                distinct.append(&state_buf[i..j])?;
+            }
+        }
         let models = PyList::empty(py);
         let mut model_names: SmallSet<&str> = SmallSet::new();
         for m in &model_objs {
@@ -431,7 +420,7 @@ impl FeaturePlan {
             [
                 PyByteArray::new(py, &bytes).into_any(),
                 PyString::new(py, &path).into_any(),
-                states.into_any(),
+                distinct.into_any(),
                 models.into_any(),
                 tools_used.into_any(),
             ],
