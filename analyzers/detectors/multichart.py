@@ -43,8 +43,9 @@ model update changes the tool an agent picks for some kinds of task. A swapped r
 call of a and more of b, which the per-call chart, built for a share of every run's
 calls, weighs little; on the realistic world the whole-run chart's mean per-run LR after
 such a swap is 96-100% of the exact oracle's unclipped, its clip of ``RUN_CLIP`` = 8 nats
-(also its least threshold) keeps 55-99% of it, and the steady-state delay went from 4.8x
-to 2.5-3.1x the oracle's with 2,000-run learned baselines.
+keeps 55-99% of it, and the steady-state delay went from 4.8x to 2.5-3.1x the oracle's
+with 2,000-run learned baselines. Its least threshold is ``count_clip``, as the per-call
+charts' (one run alone alarms only with an LR of at least e^count_clip).
 
 With ``latency`` (the engine's choice for a baseline learned from its runs) one more
 chart, ``latency``, is the likelihood ratio of every call's latency times
@@ -87,7 +88,7 @@ tool_counts, tool_shift, count_clip:
     Swap charts on the call counts (needs ``steps`` and ``tool:`` columns of real
     fingerprints), the fraction of a tool's calls they are designed for, the clip (nats)
     of one run's LR, which is also the least threshold of those charts (and of the
-    latency chart).
+    whole-run swap charts and the latency chart).
 latency, latency_factor:
     The latency chart's call kinds and model ((a, b, sigma^2) per kind,
     ``latency.fit``), or None for no latency chart; the factor of every call's latency
@@ -146,8 +147,8 @@ __all__ = ["MultichartCUSUM", "projection", "shift_directions"]
 
 F64 = NDArray[np.float64]
 TOOL_PREFIX = "tool:"
-#: clip (nats) of one run's LR on the whole-run swap charts, and their least threshold: a
-#: swapped run's LR grows with its calls of the tool swapped to
+#: clip (nats) of one run's LR on the whole-run swap charts (their least threshold is
+#: ``count_clip``): a swapped run's LR grows with its calls of the tool swapped to
 RUN_CLIP = 8.0
 _NONE = np.zeros(0, dtype=np.int64)
 
