@@ -189,7 +189,11 @@ class DetectorConfig:
                                  "carry none and are calibrated on Gaussian draws with their "
                                  "mean and covariance (no latency chart).")
     bootstrap_reps: int = _opt(40, "Bootstrap baselines drawn per calibration (guaranteed "
-                               "conditional performance at arl0_confidence).")
+                               "conditional performance at arl0_confidence); the "
+                               "fingerprint's, for a baseline of fewer than 2,000 runs, "
+                               "this times 2,000 / its runs, at most 5x (its thresholds' "
+                               "quantile over few draws covers less than asked, and more "
+                               "so the smaller the baseline).")
     hotelling_window: int = _opt(200, "Recent runs compared with the baseline by Hotelling "
                                  "T^2 and the pass-rate verdict.")
     hotelling_every: int = _opt(25, "Runs between two windowed Hotelling tests.")

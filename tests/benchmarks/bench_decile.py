@@ -6,9 +6,9 @@ look at a tiny size. Uses up to 2 processes (``default_workers()``).
 
 The claim: no decile of streams carries more than 25% of the false alarms in the long run,
 i.e. the top 10% of the streams' **true** alarm rates hold at most 25% of the total rate.
-``STREAMS`` streams of the realistic world each learn their baseline from
-``BASELINE_RUNS`` runs, then run ``HORIZON`` in-control runs at a configured ``ARL0``; every
-alarm onset of every detector counts (``monitor_measure.incontrol``). Estimators:
+``STREAMS`` streams of the realistic world each learn their baseline from runs (of each
+size in ``BASELINE_SIZES``), then run ``HORIZON`` in-control runs at a configured ``ARL0``;
+every alarm onset of every detector counts (``monitor_measure.incontrol``). Estimators:
 
 (a) naive: the top decile's share of the onset counts. Biased UP: with a few onsets per
     stream the largest counts are partly luck (beside it, its value under equal rates).
@@ -24,6 +24,23 @@ alarm onset of every detector counts (``monitor_measure.incontrol``). Estimators
     of the rates from the covariance of the two halves' counts instead, which such
     clustering leaves alone (noisier).
 (d) intervals: 2.5-97.5% percentiles of a bootstrap over streams (``BOOT`` resamples).
+
+The same streams measure the guarantee over baselines: the union keeps ``arl0`` with
+probability ``arl0_confidence`` (0.9 by default) over the baselines it could have learned,
+each detector its share with probability (1 + 0.9) / 2. Each stream learns its own
+baseline, so the share of streams whose true ARL0 is below the target estimates the
+probability; its count over the horizon is about Poisson(horizon / ARL0). Estimators:
+
+(e) naive: the share of streams with more onsets than ``horizon / target``. Biased UP
+    when the streams' rates sit near the target (a stream exactly at it exceeds half the
+    time).
+(f) significant: the streams whose count a Poisson(horizon / target) reaches with
+    probability < 0.05; 5% of streams exactly at the target do by chance.
+(g) gamma: the mass above ``1 / target`` of the gamma fitted to the rates as in (c) (equal
+    rates when no spread is seen: 0 or 1).
+
+The tables run for learned baselines of each size in ``BASELINE_SIZES`` (about 2.5, 3 and
+4.5 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -48,7 +65,9 @@ from tests.realworld.world import realistic_world
 
 F64 = NDArray[np.float64]
 ARL0 = 500.0
-BASELINE_RUNS = 200
+BASELINE_SIZES = (200, 2_000, 10_000)
+#: the union's probability over baselines (``detectors.arl0_confidence``, the default)
+CONFIDENCE = 0.9
 STREAMS = 40
 HORIZON = 20_000
 SEED = 20261214
@@ -160,6 +179,49 @@ def bootstrap(first: F64, second: F64, reps: int, rng: np.random.Generator
     return out
 
 
+def below_target(c: F64, expected: float, rng: np.random.Generator, reps: int = BOOT
+                 ) -> dict[str, float]:
+    """(e), (f), (g) for per-stream counts ``c`` over a horizon where a stream exactly at the
+    target ARL0 expects ``expected`` onsets; the gamma share with its bootstrap interval."""
+
+    def gamma_above(x: F64) -> float:
+        m = float(x.mean())
+        v = float(x.var(ddof=1)) - m if x.size > 1 else 0.0
+        if v <= 0 or m <= 0:
+            return float(m > expected)
+        return float(stats.gamma.sf(expected, m * m / v, scale=v / m))
+
+    boot = [gamma_above(c[rng.integers(0, c.size, size=c.size)]) for _ in range(reps)]
+    significant = stats.poisson.sf(c - 1, expected) < 0.05
+    return {"naive": float(np.mean(c > expected)), "significant": float(significant.sum()),
+            "gamma": gamma_above(c), "gamma_lo": float(np.percentile(boot, 2.5)),
+            "gamma_hi": float(np.percentile(boot, 97.5))}
+
+
+def _below_rows(res: InControlResult, rng: np.random.Generator) -> list[str]:
+    """The share of baselines below their target: the union's (arl0, probability
+    ``CONFIDENCE``) and each detector's (arl0 / its share, probability (1 + c) / 2)."""
+    n, h = res.n_streams, res.horizon
+    allowed = 1.0 - CONFIDENCE
+    rows = [f"share of baselines whose ARL0 is below the target (allowed: the union "
+            f"{allowed:.2f}, each detector {allowed / 2:.3f})",
+            f"{'alarms of':<20}{'target':>8}{'expected':>10}{'naive':>7}{'significant':>13}"
+            f"{'gamma':>7}{'95% (boot)':>14}"]
+    sets = [("the union", ARL0, res.counts.astype(float))]
+    for det in sorted(res.detector_alarms):
+        c = np.array([sum(1 for _, d in r.alarms if d == det) for r in res.records], float)
+        sets.append((det, ARL0 / 0.5, c))  # the default alarm_shares: 1/2 each
+    for name, target, c in sets:
+        e = below_target(c, h / target, rng)
+        rows.append(f"{name:<20}{target:>8,.0f}{h / target:>10.1f}{e['naive']:>7.2f}"
+                    f"{int(e['significant']):>7} of {n:<3}{e['gamma']:>7.3f}"
+                    f"{e['gamma_lo']:>7.3f}-{e['gamma_hi']:.3f}")
+    rows.append(f"(naive: share of streams above the expected count; significant: streams "
+                f"above it at Poisson p < 0.05, {0.05 * n:.0f} by chance if all sat at the "
+                f"target; gamma: mass of the fitted rates above the target's)")
+    return rows
+
+
 def _by_detector(res: InControlResult) -> list[str]:
     """Each detector's own spread: its onsets' naive top-decile share and index of
     dispersion over the streams."""
@@ -179,12 +241,13 @@ def _sizes() -> tuple[int, int]:
     return STREAMS, HORIZON
 
 
-def decile_table(streams: int | None = None, horizon: int | None = None) -> list[str]:
+def decile_table(streams: int | None = None, horizon: int | None = None,
+                 baseline_runs: int = BASELINE_SIZES[0]) -> list[str]:
     n, h = _sizes()
     n, h = streams or n, horizon or h
     world, workers = realistic_world(), default_workers()
     t0 = time.perf_counter()
-    res = mm.incontrol(world, BASELINE_RUNS, n, h, ARL0, seed=SEED, workers=workers)
+    res = mm.incontrol(world, baseline_runs, n, h, ARL0, seed=SEED, workers=workers)
     wall = time.perf_counter() - t0
     first, second = halves(res)
     c = res.counts
@@ -209,7 +272,7 @@ def decile_table(streams: int | None = None, horizon: int | None = None) -> list
     for r in res.records:
         scen[r.stream % len(world.scenarios)] += len(r.alarms)
     rows = [f"top-decile share of false alarms, realistic world, learned baselines of "
-            f"{BASELINE_RUNS} runs, configured arl0 = {ARL0:g}; {n} streams x {h:,} runs "
+            f"{baseline_runs:,} runs, configured arl0 = {ARL0:g}; {n} streams x {h:,} runs "
             f"(top decile = {k} streams)",
             f"{'estimator':<44}{'share':>7}{'95% (boot)':>14}  bias",
             row("(a) naive, share of the counts", "naive", est["naive"], "up (count noise)"),
@@ -237,14 +300,16 @@ def decile_table(streams: int | None = None, horizon: int | None = None) -> list
             *_by_detector(res),
             f"per-stream counts, sorted: {sorted(c.tolist(), reverse=True)}",
             f"measurement {wall:.0f} s with {workers} worker(s), "
-            f"{n * (h + BASELINE_RUNS) / wall:.0f} runs/s (learning runs included)",
+            f"{n * (h + baseline_runs) / wall:.0f} runs/s (learning runs included)",
             f"(intervals: {BOOT} bootstrap resamples of the streams; (c) Monte Carlo "
-            f"{MC_REPS} sets of {n} gamma rates, {MC_BOOT} per resample)"]
+            f"{MC_REPS} sets of {n} gamma rates, {MC_BOOT} per resample)",
+            "", *_below_rows(res, rng)]
     return rows
 
 
 def main() -> None:
-    print("\n".join(decile_table()))
+    for i, n_b in enumerate(BASELINE_SIZES):
+        print(("\n" if i else "") + "\n".join(decile_table(baseline_runs=n_b)), flush=True)
 
 
 if __name__ == "__main__":

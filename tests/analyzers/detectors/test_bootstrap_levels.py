@@ -67,3 +67,14 @@ def test_a_noisy_chart_does_not_raise_a_well_known_one() -> None:
     # 20,000, as it would beside a companion that never drifts
     assert abs(h[0] - _alone(math.log(20_000.0))) < 0.01 * h[0]
     assert h[1] > h[0] + 1.0
+
+
+def test_small_baselines_draw_more_bootstrap_baselines() -> None:
+    # reps from 2,000 runs up; below, reps x 2,000 / runs, at most five times reps
+    assert bs.fingerprint_reps(40, 10_000) == 40
+    assert bs.fingerprint_reps(40, 2_000) == 40
+    assert bs.fingerprint_reps(40, 1_000) == 80
+    assert bs.fingerprint_reps(40, 500) == 160
+    assert bs.fingerprint_reps(40, 200) == 200
+    assert bs.fingerprint_reps(40, 30) == 200
+    assert bs.fingerprint_reps(10, 200) == 50
