@@ -16,7 +16,7 @@ How each claim is measured:
   by the top decile of streams (the ``round(0.1 * streams)`` with the most) beside its value
   when every stream has the pooled rate (Poisson reference). The rates are not equal: a
   test of equal rates (index of dispersion) passed at this size only for want of alarms,
-  and rejects them at p ~ 1e-61 with 20,000 runs a stream (``python -m tests.benchmarks
+  and rejects them at p ~ 1e-58 with 20,000 runs a stream (``python -m tests.benchmarks
   decile``, which measures the long-run share with the count noise taken out).
 * Delays: steady state (change after 200 in-control runs without an alarm), mean over
   repetitions against the likelihood-ratio CUSUM on the exact per-run LLR calibrated to
@@ -79,9 +79,9 @@ def test_union_arl0_holds_when_calls_correlate_within_runs(n_b: int, streams: in
 
 
 @pytest.mark.xfail(reason="the streams' rates differ: with 200-run baselines the top decile "
-                   "carries 0.25-0.28 of the false alarms in the long run (bench_decile, 40 "
-                   "streams x 20,000 runs: naive 0.28, split-half 0.28, gamma fit 0.25-0.27, "
-                   "95% intervals from 0.20 to 0.31), the pass-rate chart's 0.6 exactly "
+                   "carries 0.28-0.32 of the false alarms in the long run (bench_decile, 40 "
+                   "streams x 20,000 runs: naive 0.32, split-half 0.30, gamma fit 0.28, "
+                   "95% intervals from 0.22 to 0.36), the pass-rate chart's 0.6 exactly "
                    "(test_bernoulli_cusum.py); at this test's size (about one onset a stream) "
                    "even equal rates give about 0.3", strict=False)
 def test_no_decile_of_streams_carries_more_than_a_quarter_of_false_alarms(
@@ -105,8 +105,8 @@ def delay_ratios(incontrol: dict[int, InControlResult]) -> dict[tuple[int, str],
 
 
 # Measured (analyzers/README.md, 2026-12-05): the pass-rate CUSUM 1.0-1.2x the oracle at
-# 2,000 runs and 1.4-2.2x at 200, the latency chart on every call's latency 1.2-1.4x at
-# 2,000 runs and 1.6-1.9x at 200; the tool swap 1.33-1.73x and 2.35-2.78x: the oracle
+# 2,000 runs and 1.3-2.0x at 200, the latency chart on every call's latency 1.2-1.4x at
+# 2,000 runs and 1.7-1.95x at 200; the tool swap 1.33-1.73x and 2.3-3.2x: the oracle
 # knows which pair of tools swapped and how (one that does not know the pair is 1.2-1.3x
 # as slow), the monitor watches every pair and every other change at once.
 @pytest.mark.parametrize("n_b, change, bound", [
@@ -123,9 +123,10 @@ def delay_ratios(incontrol: dict[int, InControlResult]) -> dict[tuple[int, str],
     (2_000, "latency", 1.5),
     (200, "pass_rate", 2.0),
     pytest.param(200, "tool_swap", 2.0, marks=pytest.mark.xfail(
-        reason="measured 2.35-2.78x (3.0-3.3x before the whole-run charts' least "
-        "threshold went from 8 to 5 nats, 6.1-6.6x before the per-chart levels, 16x "
-        "before the whole-run swap charts); README", strict=False)),
+        reason="measured 2.3-3.2x (2.83x in the harness's 64 repetitions; 3.0-3.3x "
+        "before the whole-run charts' least threshold went from 8 to 5 nats, 6.1-6.6x "
+        "before the per-chart levels, 16x before the whole-run swap charts); README",
+        strict=False)),
     (200, "latency", 2.0),
 ])
 def test_steady_state_delay_against_the_oracle(delay_ratios: dict[tuple[int, str], float],
