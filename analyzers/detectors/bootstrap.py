@@ -152,7 +152,7 @@ def fingerprint_reps(reps: int, n_runs: int) -> int:
     Measured on the realistic world (``python -m tests.benchmarks decile``, 40 streams x
     20,000 in-control runs): with 200-run baselines and B = 40 the share of baselines whose
     fingerprint ARL0 fell below its target was 0.16 (gamma fit; 95% interval 0.08-0.24)
-    where 0.05 is allowed, with B = 200 0.025 (0.003-0.053); with 2,000 and 10,000 runs
+    where 0.05 is allowed, with B = 200 0.025 (0.003-0.056); with 2,000 and 10,000 runs
     and B = 40 it is 0.00. The work, sample rows x B, stays at most the 2,000-run one's."""
     scale = _FULL_REPS_RUNS / max(1, n_runs)
     return int(min(reps * _MAX_REPS_FACTOR, max(reps, math.ceil(reps * scale))))
