@@ -55,6 +55,7 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from tests.realworld import monitor_measure as mm
+from tests.realworld._compat import DetectorConfig
 from tests.realworld.measure import (
     InControlResult,
     default_workers,
@@ -67,7 +68,7 @@ F64 = NDArray[np.float64]
 ARL0 = 500.0
 BASELINE_SIZES = (200, 2_000, 10_000)
 #: the union's probability over baselines (``detectors.arl0_confidence``, the default)
-CONFIDENCE = 0.9
+CONFIDENCE = DetectorConfig().arl0_confidence
 STREAMS = 40
 HORIZON = 20_000
 SEED = 20261214
@@ -186,10 +187,10 @@ def below_target(c: F64, expected: float, rng: np.random.Generator, reps: int = 
 
     def gamma_above(x: F64) -> float:
         m = float(x.mean())
-        v = float(x.var(ddof=1)) - m if x.size > 1 else 0.0
-        if v <= 0 or m <= 0:
+        shape = gamma_shape(m, float(x.var(ddof=1)) - m if x.size > 1 else 0.0)
+        if not math.isfinite(shape):
             return float(m > expected)
-        return float(stats.gamma.sf(expected, m * m / v, scale=v / m))
+        return float(stats.gamma.sf(expected, shape, scale=m / shape))
 
     boot = [gamma_above(c[rng.integers(0, c.size, size=c.size)]) for _ in range(reps)]
     significant = stats.poisson.sf(c - 1, expected) < 0.05
@@ -208,9 +209,8 @@ def _below_rows(res: InControlResult, rng: np.random.Generator) -> list[str]:
             f"{'alarms of':<20}{'target':>8}{'expected':>10}{'naive':>7}{'significant':>13}"
             f"{'gamma':>7}{'95% (boot)':>14}"]
     sets = [("the union", ARL0, res.counts.astype(float))]
-    for det in sorted(res.detector_alarms):
-        c = np.array([sum(1 for _, d in r.alarms if d == det) for r in res.records], float)
-        sets.append((det, ARL0 / 0.5, c))  # the default alarm_shares: 1/2 each
+    for det in sorted(res.detector_alarms):  # the default alarm_shares: 1/2 each
+        sets.append((det, ARL0 / 0.5, _detector_counts(res, det)))
     for name, target, c in sets:
         e = below_target(c, h / target, rng)
         rows.append(f"{name:<20}{target:>8,.0f}{h / target:>10.1f}{e['naive']:>7.2f}"
@@ -222,12 +222,17 @@ def _below_rows(res: InControlResult, rng: np.random.Generator) -> list[str]:
     return rows
 
 
+def _detector_counts(res: InControlResult, det: str) -> F64:
+    """Per-stream onset counts of one detector."""
+    return np.array([sum(1 for _, d in r.alarms if d == det) for r in res.records], float)
+
+
 def _by_detector(res: InControlResult) -> list[str]:
     """Each detector's own spread: its onsets' naive top-decile share and index of
     dispersion over the streams."""
     out = []
     for det in sorted(res.detector_alarms):
-        c = np.array([sum(1 for _, d in r.alarms if d == det) for r in res.records], float)
+        c = _detector_counts(res, det)
         disp = float(((c - c.mean()) ** 2).sum() / c.mean())
         out.append(f"  {det}: {int(c.sum())} onsets, top decile {top_decile_share(c):.2f}"
                    f", index of dispersion {disp:.1f}, streams without one "
