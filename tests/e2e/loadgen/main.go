@@ -115,6 +115,17 @@ func main() {
 		}
 		dialer.LocalAddr = &net.TCPAddr{IP: ip}
 	}
+	if *sndbuf > 0 { // set on every socket the dialer makes, before it connects
+		dialer.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, *sndbuf)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
 
 	start := time.Now()
 	deadline := start.Add(time.Duration(*duration * float64(time.Second)))
@@ -126,7 +137,7 @@ func main() {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			w.run(dialer, hostport, head, bodies, i, *seed, limit, start, deadline, *sndbuf)
+			w.run(dialer, hostport, head, bodies, i, *seed, limit, start, deadline)
 		}(i)
 	}
 	wg.Wait()
@@ -201,7 +212,7 @@ type conn struct {
 }
 
 func (w *worker) run(dialer *net.Dialer, hostport, head string, bodies []body, i int, seed int64,
-	limit time.Duration, start, deadline time.Time, sndbuf int) {
+	limit time.Duration, start, deadline time.Time) {
 	rng := rand.New(rand.NewSource(seed*1000 + int64(i)))
 	bufs := make([][]byte, len(bodies))
 	heads := make([][]byte, len(bodies))
@@ -234,9 +245,6 @@ func (w *worker) run(dialer *net.Dialer, hostport, head string, bodies []body, i
 				continue
 			}
 			w.opened++
-			if sndbuf > 0 {
-				c.(*net.TCPConn).SetWriteBuffer(sndbuf)
-			}
 			reader.Reset(c)
 			cn = conn{c: c, r: reader}
 		}
