@@ -60,7 +60,11 @@ baseline's sampling so both hold together with probability at least c (union bou
   (200). Step 2 keeps one joint quantile, so that the estimation noises of the ~20 feature
   charts and the swaps partly cancel. The charts on the call counts and the latency chart
   (``latency.py``; refitted on each bootstrap baseline's weights) enter with the law of
-  their per-run likelihood ratios over the rows.
+  their per-run likelihood ratios over the rows. The swap charts' ratios of call shares
+  are each bootstrap baseline's lower confidence bounds at the confidence ``conf``
+  (``toolcounts.swap_ratios``), the plug-in baseline's go to the chart
+  (:attr:`Thresholds.swap_ratios`): a baseline that overestimates a ratio makes the
+  chart drift upwards in control, and its threshold had to absorb that.
 
 Pure and deterministic given ``seed`` (the engine derives it from the baseline id),
 vectorised numpy: about 0.1-0.2 s per stream at the defaults (``bench_detectors.py``;
@@ -97,6 +101,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,10 +123,12 @@ from assaywatch.analyzers.detectors.multichart import (
 from assaywatch.analyzers.detectors.score import ScoreSummary, best_lambda
 from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl, cusum_h
 from assaywatch.analyzers.detectors.toolcounts import (
-    call_shares,
-    run_swap_llr,
+    clip,
+    ratio_logs,
+    ratio_weights,
+    run_swap_terms,
     swap_llr,
-    swap_weights,
+    swap_ratios,
     tool_counts,
 )
 from assaywatch.analyzers.verdicts import clopper_pearson_interval
@@ -227,6 +234,9 @@ class Thresholds:
     #: the latency chart's kinds and model (a, b, sigma^2 per kind, ``latency.fit`` on the
     #: baseline's sample), when the fingerprint thresholds include it (the last chart)
     latency: tuple[tuple[str, ...], F64] | None = None
+    #: the swap charts' ratios of call shares (2, pairs), ``toolcounts.swap_ratios``; None:
+    #: from the baseline mean's shares
+    swap_ratios: F64 | None = None
 
 
 def _chart_h(level: float | F64, theta: F64, mu: F64, sd: F64, h_min: float | F64) -> F64:
@@ -249,7 +259,8 @@ def _latency_model(data: BaselineData) -> tuple[tuple[str, ...], F64] | None:
 
 def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf: float,
                  rng: np.random.Generator
-                 ) -> tuple[F64 | None, float, tuple[tuple[str, ...], F64] | None]:
+                 ) -> tuple[F64 | None, float, tuple[tuple[str, ...], F64] | None,
+                            F64 | None]:
     lat_model = _latency_model(data)
     det = MultichartCUSUM(data.mean, data.cov, k=s.k, h=1.0, clip=s.clip,
                           feature_names=data.feature_names, tool_counts=s.tool_counts,
@@ -258,7 +269,7 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     x = np.asarray(data.sample, dtype=np.float64)
     m = len(det.labels)
     if m == 0 or x.shape[0] < 2:
-        return None, math.nan, None
+        return None, math.nan, None, None
     mean = np.asarray(data.mean, dtype=np.float64)
     sd0 = np.sqrt(np.clip(np.diag(np.asarray(data.cov)), 0.0, None))
     labels, vecs = shift_directions(det.feature_labels, mean, sd0, det.min_sd,
@@ -305,8 +316,11 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     theta, mu, sd = _adjustment(values, weights)
     target_rate = share / s.arl0
     h_min = np.full(2 * m, s.clip)  # one run never alarms on its own
+    ratios = None
     if det._swap.size:
-        _count_laws(det, x, np.array(means), (theta, mu, sd), h_min)
+        # the ratios' lower bounds at the confidence the thresholds hold at over baselines
+        z = statistics.NormalDist().inv_cdf(conf)
+        ratios = _count_laws(det, x, np.array(weights_b), big_n, z, (theta, mu, sd), h_min)
     if det.latency_kinds:
         assert data.latency_sample is not None
         _latency_laws(det, data.latency_sample, np.array(weights_b), (theta, mu, sd), h_min)
@@ -335,7 +349,8 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         h[cols] = _thresholds(level[cols], theta[0, cols], mu[0, cols], sd[0, cols],
                               h_min[cols])
     on = np.isfinite(level)
-    return h.reshape(2, m), float(level[on].min()) if on.any() else math.inf, lat_model
+    return (h.reshape(2, m), float(level[on].min()) if on.any() else math.inf, lat_model,
+            ratios)
 
 
 def _thresholds(level: F64, theta: F64, mu: F64, sd: F64, h_min: F64) -> F64:
@@ -428,32 +443,40 @@ def _latency_laws(det: MultichartCUSUM, lat: F64, weights: F64,
     h_min[cols] = det.count_clip
 
 
-def _count_laws(det: MultichartCUSUM, x: F64, means: F64, laws: tuple[F64, F64, F64],
-                h_min: F64) -> None:
+def _count_laws(det: MultichartCUSUM, x: F64, weights: F64, n_runs: int, z: float,
+                laws: tuple[F64, F64, F64], h_min: F64) -> F64:
     """Replace, in ``laws`` (theta, mu, sd of shape (reps + 1, 2m)), those of the swap
     charts on the call counts by their increments' law: the clipped LLR of every sampled
-    run (uniform weights: the law P-hat) under the call shares of each bootstrap
-    baseline's mean (``means``, (reps + 1, d)); their ``h_min`` is the per-call charts'
-    clip ``count_clip``, the whole-run charts' included: one run alone alarms only with an
-    LR of at least e^count_clip (~150 at 5 nats), though a whole-run chart counts up to
-    ``RUN_CLIP`` of it (a floor at ``RUN_CLIP`` kept those charts 1-3 nats above what their
-    part of the budget asks for, and their delays 11% longer with 2,000-run baselines)."""
+    run (uniform weights: the law P-hat) under the ratios of call shares each bootstrap
+    baseline (``weights``, (reps + 1, n)) would have given its charts
+    (``toolcounts.swap_ratios``: lower bounds, ``z`` standard errors below); their
+    ``h_min`` is the per-call charts' clip ``count_clip``, the whole-run charts' included:
+    one run alone alarms only with an LR of at least e^count_clip (~150 at 5 nats), though
+    a whole-run chart counts up to ``RUN_CLIP`` of it (a floor at ``RUN_CLIP`` kept those
+    charts 1-3 nats above what their part of the budget asks for, and their delays 11%
+    longer with 2,000-run baselines). Returns the plug-in baseline's ratios (row 0),
+    (2, pairs): the chart's own."""
     a, b, j = det._pa, det._pb, det._swap
     counts = tool_counts(x, det._steps_col, det._tool_cols)  # (n, tools)
-    p = call_shares(means, det._tool_cols)  # (B, tools)
-    w = swap_weights(p, a, b, det.tool_shift)
+    ratios = swap_ratios(counts, weights, a, b, n_runs, z)  # (B, 2, P)
+    w = ratio_weights(ratios, det.tool_shift)
     charts = [(j, swap_llr(counts[None, :, :], w[:, None], a, b, det.count_clip))]
     runs = getattr(det, "_runswap", np.zeros(0, dtype=np.int64))
     if runs.size:
-        charts.append((runs, run_swap_llr(counts[None, :, :], p[:, None], a, b,
-                                          det.swap_runs, RUN_CLIP)))
+        up, down = ratio_logs(ratios[:, None])  # (B, 1, P) each
+        ll = run_swap_terms(counts[None, :, a], counts[None, :, b], (up, down),
+                            det.swap_runs)
+        charts.append((runs, clip(np.stack(ll, axis=-2), -RUN_CLIP, RUN_CLIP)))
     for idx, ll in charts:  # ll: (B, n, 2, P)
-        vals = np.moveaxis(ll, 1, -1).reshape(means.shape[0], 2 * idx.size, counts.shape[0])
+        vals = np.moveaxis(ll, 1, -1).reshape(weights.shape[0], 2 * idx.size,
+                                               counts.shape[0])
         th, mu, sd = _adjustment(vals, np.full(vals.shape, 1.0 / counts.shape[0]))
         cols = np.concatenate([idx, idx + len(det.labels)])
         for dst, src in zip(laws, (th, mu, sd), strict=True):
             dst[:, cols] = src
         h_min[cols] = det.count_clip
+    out: F64 = ratios[0]
+    return out
 
 
 def _pass_rate(data: BaselineData, delta: float, arl0: float, conf: float
@@ -526,7 +549,7 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
                                          conf)
         except ValueError as exc:  # e.g. a baseline too small or too perfect
             disabled["cusum_pass_rate"] = str(exc)
-    h_fp, level, lat_model = None, math.nan, None
+    h_fp, level, lat_model, ratios = None, math.nan, None, None
     d = int(np.asarray(data.mean).size)
     if "cusum_fingerprint" in shares and data.n_runs < max(_MIN_RUNS, 2 * d):
         disabled["cusum_fingerprint"] = (
@@ -534,7 +557,7 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
             f"{max(_MIN_RUNS, 2 * d)} baseline runs, the baseline has {data.n_runs}")
     elif "cusum_fingerprint" in shares:
         rng = np.random.default_rng(seed)
-        h_fp, level, lat_model = _fingerprint(data, settings,
+        h_fp, level, lat_model, ratios = _fingerprint(data, settings,
                                               shares["cusum_fingerprint"] / total, conf, rng)
     h_scores: dict[str, float] = {}
     labels = evaluator_labels(data.evaluators, data.labels)
@@ -557,7 +580,8 @@ def calibrate(data: BaselineData, settings: CalibrationSettings, seed: int) -> T
                                              max(LABEL_REPS, settings.reps), rng_l)
     return Thresholds(h_pass, h_fp, p0_pass, level, conf, disabled, h_scores,
                       tool_counts=settings.tool_counts,
-                      latency=lat_model if h_fp is not None else None)
+                      latency=lat_model if h_fp is not None else None,
+                      swap_ratios=ratios if h_fp is not None else None)
 
 
 def evaluator_labels(evaluators: Mapping[str, Any], labels: Mapping[str, Any]

@@ -84,6 +84,12 @@ min_sd, clip, eig_tol, max_swap_tools:
     sd floor, winsorising bound, relative eigenvalue floor, tools paired for swaps.
 swap_runs:
     Share of runs the whole-run swap charts are designed for.
+swap_ratios:
+    Per tool pair, the ratios of call shares the swap charts use, (2, pairs): p_a / p_b
+    (``up``) and p_b / p_a (``down``), positive; None: the baseline mean's. The
+    calibration passes lower confidence bounds (``toolcounts.swap_ratios``,
+    ``Thresholds.swap_ratios``), under which a chart's LR keeps in-control
+    expectation <= 1.
 tool_counts, tool_shift, count_clip:
     Swap charts on the call counts (needs ``steps`` and ``tool:`` columns of real
     fingerprints), the fraction of a tool's calls they are designed for, the clip (nats)
@@ -136,10 +142,12 @@ from assaywatch.analyzers.detectors.latency import N_STATS
 from assaywatch.analyzers.detectors.latency import sides as latency_sides
 from assaywatch.analyzers.detectors.toolcounts import (
     call_shares,
+    ratio_logs,
+    ratio_weights,
     run_swap_logs,
     run_swap_terms,
+    share_ratios,
     swap_terms,
-    swap_weights,
 )
 from assaywatch.analyzers.detectors.toolcounts import tool_counts as _counts
 
@@ -228,6 +236,7 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         latency: tuple[Sequence[str], ArrayLike] | None = None,
         latency_factor: float = 1.25,
         swap_runs: float = 0.2,
+        swap_ratios: ArrayLike | None = None,
     ) -> None:
         self.mean = mean
         self.cov = cov
@@ -245,6 +254,7 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         self.latency = latency
         self.latency_factor = latency_factor
         self.swap_runs = swap_runs
+        self.swap_ratios = swap_ratios
         self._mean = np.asarray(mean, dtype=np.float64)
         cov_arr = np.asarray(cov, dtype=np.float64)
         d = self._mean.size
@@ -300,8 +310,15 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
         self._swap = np.arange(start, start + len(pairs), dtype=np.int64)
         self._pa = np.array([a for a, _ in pairs], dtype=np.int64)
         self._pb = np.array([b for _, b in pairs], dtype=np.int64)
-        self._w = (swap_weights(p, self._pa, self._pb, r) if pairs
-                   else np.zeros((2, 0, 2)))
+        ratios = share_ratios(p, self._pa, self._pb) if pairs else np.zeros((2, 0))
+        if pairs and self.swap_ratios is not None:
+            given = np.asarray(self.swap_ratios, dtype=np.float64)
+            if given.shape != ratios.shape or not np.all((given > 0) & np.isfinite(given)):
+                raise ValueError(f"swap_ratios must be positive (2, {len(pairs)}), one up "
+                                 f"and one down ratio per pair, got shape {given.shape}")
+            ratios = given
+        self._share_ratios = ratios
+        self._w = ratio_weights(ratios, r) if pairs else np.zeros((2, 0, 2))
         # the same pairs swapped in whole runs (toolcounts.run_swap_llr)
         self._p = p
         start = len(self._labels)
@@ -369,8 +386,9 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
             runs = getattr(self, "_runswap", _NONE)
             hi[runs], lo[runs] = RUN_CLIP, -RUN_CLIP
             # a chart from before the whole-run swaps has no call shares kept: no pairs
-            p = getattr(self, "_p", None)
-            logs = (run_swap_logs(p, self._pa, self._pb) if p is not None
+            p, ratios = getattr(self, "_p", None), getattr(self, "_share_ratios", None)
+            logs = (ratio_logs(ratios) if ratios is not None
+                    else run_swap_logs(p, self._pa, self._pb) if p is not None
                     else (np.zeros(0), np.zeros(0)))
             cached = (n_proj, np.ascontiguousarray(self._rows[:n_proj].T), lo, hi, *logs)
             self._layout_cache = cached

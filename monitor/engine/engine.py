@@ -777,7 +777,8 @@ class Engine:
                 mean=base.mean, cov=base.cov, k=cfg.fingerprint_shift / 2, h=h_fp,
                 arl0=arl0, feature_names=list(base.feature_names),
                 tool_counts=bool(getattr(th, "tool_counts", False)),
-                latency=getattr(th, "latency", None))
+                latency=getattr(th, "latency", None),
+                swap_ratios=getattr(th, "swap_ratios", None))
         watches: dict[str, Watch] = {}
         st.disabled = dict(th.disabled)
         for name, make in makers.items():
