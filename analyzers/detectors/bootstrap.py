@@ -298,7 +298,6 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         return h
 
     hists = [histogram(mean, det.projections)]
-    means = [mean]
     weights_b = [np.full(n, 1.0 / n)]
     for _ in range(fingerprint_reps(s.reps, big_n)):
         # a bootstrap baseline of the baseline's size: multinomial weights on the sample
@@ -309,7 +308,6 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         cov_b = np.einsum("nd,n,ne->de", xc, w, xc) * big_n / (big_n - 1)
         proj_b, _ = projection(cov_b, vecs, det.min_sd, det.eig_tol)
         hists.append(histogram(mean_b, proj_b))
-        means.append(mean_b)
     hist = np.array(hists)  # (reps + 1, m, bins): the law of y under P-hat
     values = np.concatenate([np.tile(centres - s.k, (m, 1)), np.tile(-centres - s.k, (m, 1))])
     weights = np.concatenate([hist, hist], axis=1)

@@ -187,7 +187,7 @@ def realistic_monitor_table() -> list[str]:
     rows += ["", f"{'change':<12}{'baseline':>9}{'ARL0':>7}{'engine':>8}{'kept':>6}"
              f"{'oracle':>8}{'ratio':>7}"]
     for n_b in (200, 2_000):
-        res_d = mm.delays(world, n_b, max(4, int(16 * scale)), seed=32, workers=workers)
+        res_d = mm.delays(world, n_b, max(4, int(64 * scale)), seed=32, workers=workers)
         for change, r in res_d.items():
             orc = oracle_delay(world, change, measured[n_b], 200, pool=20_000, seed=33,
                                reps=1_000)
