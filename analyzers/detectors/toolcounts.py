@@ -150,8 +150,7 @@ def swap_ratios(counts: F64, weights: F64, a: I64, b: I64, n_runs: int, z: float
     tot_m = w @ m  # (..., pairs)
     safe = np.where(tot_m > 0, tot_m, 1.0)
     pi = np.where(tot_m > 0, (w @ na) / safe, 0.5)
-    resid2 = (na[None] - pi[..., None, :] * m[None]) ** 2 if w.ndim > 1 else (
-        na - pi * m) ** 2
+    resid2 = (na - pi[..., None, :] * m) ** 2  # (..., n, pairs)
     var = np.einsum("...n,...np->...p", w, resid2) / (max(1, n_runs) * safe ** 2)
     pi = np.clip(pi, MIN_SHARE, 1.0 - MIN_SHARE)
     se = np.sqrt(np.where(tot_m > 0, var, 0.25)) / (pi * (1.0 - pi))  # of the log odds
