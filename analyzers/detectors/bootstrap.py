@@ -123,10 +123,8 @@ from assaywatch.analyzers.detectors.multichart import (
 from assaywatch.analyzers.detectors.score import ScoreSummary, best_lambda
 from assaywatch.analyzers.detectors.siegmund import _adjustment, cusum_arl, cusum_h
 from assaywatch.analyzers.detectors.toolcounts import (
-    clip,
-    ratio_logs,
     ratio_weights,
-    run_swap_terms,
+    run_ratio_llr,
     swap_llr,
     swap_ratios,
     tool_counts,
@@ -309,6 +307,7 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
         proj_b, _ = projection(cov_b, vecs, det.min_sd, det.eig_tol)
         hists.append(histogram(mean_b, proj_b))
     hist = np.array(hists)  # (reps + 1, m, bins): the law of y under P-hat
+    boot_w = np.array(weights_b)  # (reps + 1, n): each bootstrap baseline's run weights
     values = np.concatenate([np.tile(centres - s.k, (m, 1)), np.tile(-centres - s.k, (m, 1))])
     weights = np.concatenate([hist, hist], axis=1)
     theta, mu, sd = _adjustment(values, weights)
@@ -318,10 +317,10 @@ def _fingerprint(data: BaselineData, s: CalibrationSettings, share: float, conf:
     if det._swap.size:
         # the ratios' lower bounds at the confidence the thresholds hold at over baselines
         z = statistics.NormalDist().inv_cdf(conf)
-        ratios = _count_laws(det, x, np.array(weights_b), big_n, z, (theta, mu, sd), h_min)
+        ratios = _count_laws(det, x, boot_w, big_n, z, (theta, mu, sd), h_min)
     if det.latency_kinds:
         assert data.latency_sample is not None
-        _latency_laws(det, data.latency_sample, np.array(weights_b), (theta, mu, sd), h_min)
+        _latency_laws(det, data.latency_sample, boot_w, (theta, mu, sd), h_min)
     # Each kind of change (features, swaps, latency) gets an equal part of the budget:
     # chart j's part of its group's rate is w_j / 2m, w_j = 2m / (kinds x its kind's
     # charts). The latency chart's law is fitted on every call of the baseline, far better
@@ -461,10 +460,8 @@ def _count_laws(det: MultichartCUSUM, x: F64, weights: F64, n_runs: int, z: floa
     charts = [(j, swap_llr(counts[None, :, :], w[:, None], a, b, det.count_clip))]
     runs = getattr(det, "_runswap", np.zeros(0, dtype=np.int64))
     if runs.size:
-        up, down = ratio_logs(ratios[:, None])  # (B, 1, P) each
-        ll = run_swap_terms(counts[None, :, a], counts[None, :, b], (up, down),
-                            det.swap_runs)
-        charts.append((runs, clip(np.stack(ll, axis=-2), -RUN_CLIP, RUN_CLIP)))
+        charts.append((runs, run_ratio_llr(counts[None, :, :], ratios[:, None], a, b,
+                                           det.swap_runs, RUN_CLIP)))
     for idx, ll in charts:  # ll: (B, n, 2, P)
         vals = np.moveaxis(ll, 1, -1).reshape(weights.shape[0], 2 * idx.size,
                                                counts.shape[0])

@@ -74,9 +74,9 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["call_shares", "clip", "ratio_logs", "ratio_weights", "run_swap_llr", "run_swap_logs",
-           "run_swap_terms", "share_ratios", "swap_llr", "swap_ratios", "swap_terms",
-           "swap_weights", "tool_counts"]
+__all__ = ["call_shares", "clip", "ratio_logs", "ratio_weights", "run_ratio_llr",
+           "run_swap_llr", "run_swap_logs", "run_swap_terms", "share_ratios", "swap_llr",
+           "swap_ratios", "swap_terms", "swap_weights", "tool_counts"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -228,7 +228,14 @@ def run_swap_llr(counts: F64, p: F64, a: I64, b: I64, share: float, bound: float
         \ell = \log\big((1 - s) + s\,[n_a = 0]\,(1 + p_a / p_b)^{n_b}\big).
 
     ``p`` the call shares, (..., tools) broadcasting with ``counts`` (..., tools)."""
+    return run_ratio_llr(counts, share_ratios(p, a, b), a, b, share, bound)
+
+
+def run_ratio_llr(counts: F64, ratios: F64, a: I64, b: I64, share: float, bound: float
+                  ) -> F64:
+    """:func:`run_swap_llr` under each pair's ratios (..., 2, pairs) in place of
+    :math:`p_a / p_b` and :math:`p_b / p_a` (:func:`share_ratios`, :func:`swap_ratios`)."""
     if not 0.0 < share < 1.0:
         raise ValueError(f"swap_runs={share!r} must be a share of runs in (0, 1)")
-    up, down = run_swap_terms(counts[..., a], counts[..., b], run_swap_logs(p, a, b), share)
+    up, down = run_swap_terms(counts[..., a], counts[..., b], ratio_logs(ratios), share)
     return clip(np.stack([up, down], axis=-2), -bound, bound)
