@@ -157,7 +157,9 @@ class EvaluationsConfig:
 @dataclass
 class DetectorConfig:
     learn_runs: int = _opt(200, "Runs a stream without a baseline learns from before its "
-                           "baseline is frozen and the detectors start.")
+                           "baseline is frozen and the detectors start. From about 500 on, "
+                           "no tenth of the streams carries more than a quarter of the "
+                           "false alarms (README, How it decides).")
     arl0: float = _opt(10_000.0, "Target in-control average run length per stream: runs "
                        "between false alarms, for the union of the stream's detectors.")
     arl0_confidence: float = _opt(0.9, "Probability that the true ARL0 meets the target given "

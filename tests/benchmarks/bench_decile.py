@@ -39,8 +39,11 @@ probability; its count over the horizon is about Poisson(horizon / ARL0). Estima
 (g) gamma: the mass above ``1 / target`` of the gamma fitted to the rates as in (c) (equal
     rates when no spread is seen: 0 or 1).
 
-The tables run for learned baselines of each size in ``BASELINE_SIZES`` (about 2, 2 and 2.5
-minutes on 2 cores), then on the Gaussian world (the second case) with 200-run baselines.
+The tables run for learned baselines of each size in ``BASELINE_SIZES`` (about 2, 1, 2 and
+2.5 minutes on 2 cores; 500 runs is where the union's share first keeps the claim), then
+on the Gaussian world (the second case) with 200-run baselines. A first table
+(:func:`pass_rate_exact_table`, under a minute) computes the pass-rate chart's share
+exactly at baseline sizes from 200 to 2,000 runs.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from tests.realworld.world import World, gaussian_world, realistic_world
 
 F64 = NDArray[np.float64]
 ARL0 = 500.0
-BASELINE_SIZES = (200, 2_000, 10_000)
+BASELINE_SIZES = (200, 500, 2_000, 10_000)
 #: the union's probability over baselines (``detectors.arl0_confidence``, the default)
 CONFIDENCE = DetectorConfig().arl0_confidence
 STREAMS = 40
@@ -313,7 +316,38 @@ def decile_table(streams: int | None = None, horizon: int | None = None,
     return rows
 
 
+#: baseline sizes and pass rates of the exact table of the pass-rate chart's spread
+EXACT_SIZES = (200, 500, 1_000, 2_000)
+EXACT_RATES = (0.8, 0.9)
+
+
+def pass_rate_exact_table() -> list[str]:
+    """The pass-rate chart's top-decile share over the baselines a stream could have
+    learned, exact (every baseline count with its binomial probability, the monitor's
+    calibration, the chart's Markov-chain ARL at the true rate; the helpers of
+    ``tests/analyzers/detectors/test_bernoulli_cusum.py``): from which baseline size the
+    chart alone keeps the 25% claim."""
+    from tests.analyzers.detectors.test_bernoulli_cusum import (
+        ARL,
+        _rates_over_baselines,
+        _top_decile,
+    )
+
+    rows = [f"pass-rate chart over the baselines it could have learned, exact (its target "
+            f"ARL0 {ARL:g}: a half share of arl0 {ARL0:g})",
+            f"{'baseline':>9}{'p':>6}{'top10%':>8}{'mean ARL0 / target':>20}"
+            f"{'P(ARL0 < target)':>18}"]
+    for n in EXACT_SIZES:
+        for p in EXACT_RATES:
+            w, rates = _rates_over_baselines(n, p)
+            mean_rate = float((w * rates).sum() / w.sum())
+            rows.append(f"{n:>9,}{p:>6.2f}{_top_decile(w, rates):>8.3f}"
+                        f"{1.0 / mean_rate / ARL:>20.2f}{w[rates > 1.0 / ARL].sum():>18.3f}")
+    return rows
+
+
 def main() -> None:
+    print("\n".join(pass_rate_exact_table()) + "\n", flush=True)
     for i, n_b in enumerate(BASELINE_SIZES):
         print(("\n" if i else "") + "\n".join(decile_table(baseline_runs=n_b)), flush=True)
     # the second case: Gaussian fingerprints, at the size where the baselines vary most
