@@ -319,8 +319,7 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
             ratios = given
         self._share_ratios = ratios
         self._w = ratio_weights(ratios, r) if pairs else np.zeros((2, 0, 2))
-        # the same pairs swapped in whole runs (toolcounts.run_swap_llr)
-        self._p = p
+        # the same pairs swapped in whole runs (toolcounts.run_swap_llr), on the same ratios
         start = len(self._labels)
         self._labels += ["run" + self._labels[int(j)] for j in self._swap]
         self._rows = np.vstack([self._rows, np.zeros((len(pairs), self._mean.size))])
@@ -385,7 +384,8 @@ class MultichartCUSUM(Detector):  # type: ignore[misc,unused-ignore]
             lo[:n_proj] = -self.clip - self.k
             runs = getattr(self, "_runswap", _NONE)
             hi[runs], lo[runs] = RUN_CLIP, -RUN_CLIP
-            # a chart from before the whole-run swaps has no call shares kept: no pairs
+            # a chart from before the ratios (2026-12-06) kept its call shares instead, one
+            # from before the whole-run swaps neither: no pairs
             p, ratios = getattr(self, "_p", None), getattr(self, "_share_ratios", None)
             logs = (ratio_logs(ratios) if ratios is not None
                     else run_swap_logs(p, self._pa, self._pb) if p is not None
