@@ -199,29 +199,22 @@ def realistic_monitor_table() -> list[str]:
             rows.append(f"{change:<12}{n_b:>9,}{measured[n_b]:>7.0f}{r.mean:>8.1f}"
                         f"{len(r.delays):>6}{orc.delay:>8.1f}{r.mean / orc.delay:>7.2f}")
             if change == "tool_swap":
-                unk = pair_unknown_swap_oracle(world, measured[n_b], 200, pool=20_000,
-                                               seed=33, reps=1_000)
+                # the union that does not know the pair, with all of the budget, parts of it
+                # (SWAP_BUDGET_CURVE) and the monitor's whole-run swap charts' part: half to
+                # the fingerprint, a third of that to the swaps, half of that to whole runs
+                unk = {k: pair_unknown_swap_oracle(world, measured[n_b] * k, 200,
+                                                   pool=20_000, seed=33, reps=1_000).delay
+                       for k in (1, *SWAP_BUDGET_CURVE, SWAP_RUN_PARTS)}
                 rows.append(f"{'  pair unknown':<28}{r.mean:>8.1f}{len(r.delays):>6}"
-                            f"{unk.delay:>8.1f}{r.mean / unk.delay:>7.2f}  (that oracle "
-                            f"{unk.delay / orc.delay:.2f}x the one knowing the pair)")
-                # the same oracle with the monitor's whole-run swap charts' part of the
-                # stream's budget: half to the fingerprint, a third of that to the swaps,
-                # half of that to the whole-run shape
-                part = pair_unknown_swap_oracle(world, measured[n_b] * SWAP_RUN_PARTS, 200,
-                                                pool=20_000, seed=33, reps=1_000)
+                            f"{unk[1]:>8.1f}{r.mean / unk[1]:>7.2f}  (that oracle "
+                            f"{unk[1] / orc.delay:.2f}x the one knowing the pair)")
+                part = unk[SWAP_RUN_PARTS]
                 rows.append(f"{'  pair unknown, 1/12 budget':<28}{r.mean:>8.1f}"
-                            f"{len(r.delays):>6}{part.delay:>8.1f}{r.mean / part.delay:>7.2f}"
-                            f"  (that oracle {part.delay / orc.delay:.2f}x the first)")
-                # the same union at other parts of the budget: what part the whole-run
-                # swap charts would need for a given ratio to the first oracle
-                curve = [f"1 {unk.delay / orc.delay:.2f}x"]
-                for parts in SWAP_BUDGET_CURVE:
-                    o = pair_unknown_swap_oracle(world, measured[n_b] * parts, 200,
-                                                 pool=20_000, seed=33, reps=1_000)
-                    curve.append(f"1/{parts} {o.delay / orc.delay:.2f}x")
-                curve.append(f"1/{SWAP_RUN_PARTS} {part.delay / orc.delay:.2f}x")
-                rows.append(f"{'  pair unknown by budget':<28}  {', '.join(curve)} "
-                            "the first oracle")
+                            f"{len(r.delays):>6}{part:>8.1f}{r.mean / part:>7.2f}"
+                            f"  (that oracle {part / orc.delay:.2f}x the first)")
+                curve = ", ".join(f"{'1' if k == 1 else f'1/{k}'} {d / orc.delay:.2f}x"
+                                  for k, d in unk.items())
+                rows.append(f"{'  pair unknown by budget':<28}  {curve} the first oracle")
     rng = np.random.default_rng(34)
     times = []
     for i in range(4):
